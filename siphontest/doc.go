@@ -1,0 +1,40 @@
+// Package siphontest gives tests a throwaway PostgreSQL server with logical
+// replication enabled (wal_level=logical, at least 20 replication slots and
+// WAL senders), and a fresh database per test.
+//
+//	func TestMyHandler(t *testing.T) {
+//		t.Parallel()
+//		dsn := siphontest.Start(t).NewDatabase(t)
+//		// connect to dsn, create tables, stream changes ...
+//	}
+//
+// [Start] finds a server, in this order:
+//
+//  1. SIPHON_TEST_DSN, when set: that server is used as it is (it must run
+//     with wal_level=logical and the role must be allowed to create
+//     databases and use replication);
+//  2. local PostgreSQL server binaries (initdb and postgres, on PATH or
+//     under /usr/lib/postgresql/*/bin): a throwaway cluster in a temporary
+//     directory on a free loopback port, with fsync off. When the test runs
+//     as root the server runs as the unprivileged "postgres" user (or
+//     "nobody"), since PostgreSQL refuses to run as root;
+//  3. a Docker engine, through the testcontainers postgres module;
+//  4. otherwise the test is skipped with a message saying how to get a
+//     server, or fails when the CI environment variable is set.
+//
+// One server is shared by all the tests of a test binary and started once
+// (a second or two for initdb and start-up); [Server.NewDatabase] then
+// creates a database in a fraction of a second and drops it when the test
+// ends, after terminating its sessions and dropping its replication slots.
+//
+// A local server is watched by a small reaper process that stops it and
+// removes its directory as soon as the test binary exits, however it exits:
+// normally, by a panic, or killed by the go test timeout. No TestMain is
+// needed. A TestMain that wants the server stopped before the binary exits
+// calls [Main]:
+//
+//	func TestMain(m *testing.M) { siphontest.Main(m) }
+//
+// [Launch] starts a server outside tests (the examples use it to run on an
+// embedded throwaway PostgreSQL); its caller closes it.
+package siphontest

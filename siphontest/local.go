@@ -1,0 +1,194 @@
+package siphontest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// serverBinaries locates initdb and postgres of one PostgreSQL installation.
+type serverBinaries struct {
+	initdb, postgres string
+}
+
+// findServerBinaries looks for initdb on PATH, then under
+// /usr/lib/postgresql/*/bin, newest version first.
+func findServerBinaries() (serverBinaries, error) {
+	if initdb, err := exec.LookPath("initdb"); err == nil {
+		postgres := filepath.Join(filepath.Dir(initdb), "postgres")
+		if _, err := os.Stat(postgres); err != nil {
+			if postgres, err = exec.LookPath("postgres"); err != nil {
+				return serverBinaries{}, fmt.Errorf("initdb found at %s but no postgres binary", initdb)
+			}
+		}
+		return serverBinaries{initdb: initdb, postgres: postgres}, nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, dir := range dirs {
+		bin := serverBinaries{initdb: filepath.Join(dir, "initdb"), postgres: filepath.Join(dir, "postgres")}
+		if isExecutable(bin.initdb) && isExecutable(bin.postgres) {
+			return bin, nil
+		}
+	}
+	return serverBinaries{}, errors.New("no initdb/postgres on PATH or under /usr/lib/postgresql/*/bin")
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
+}
+
+// launchLocal runs initdb and postgres in a fresh temporary directory. A
+// reaper process (a few lines of sh) holds the read end of a pipe whose write
+// end only this process has: when this process exits, however it exits, the
+// reaper sees end-of-file, stops the server and removes the directory.
+func launchLocal(ctx context.Context, bin serverBinaries, cfg config) (srv *Server, err error) {
+	dir, err := os.MkdirTemp("", "siphontest-")
+	if err != nil {
+		return nil, fmt.Errorf("siphontest: %w", err)
+	}
+	reaper, err := startReaper(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			reaper.stop()
+		}
+	}()
+	cred, err := serverCredential(dir)
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	initdb := exec.CommandContext(ctx, bin.initdb, "-D", data, "-U", "postgres", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	initdb.Dir = dir
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("siphontest: initdb: %w: %s", err, lastLines(out, 20))
+	}
+
+	for attempt := 0; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		srv, err := startPostgres(ctx, bin, cfg, dir, data, port, cred, reaper)
+		if err == nil || attempt == 2 || ctx.Err() != nil {
+			return srv, err
+		}
+	}
+}
+
+// startPostgres starts the postmaster on port and waits until it is ready.
+func startPostgres(ctx context.Context, bin serverBinaries, cfg config, dir, data string, port int,
+	cred *syscall.Credential, reaper *reaper) (*Server, error) {
+	logPath := filepath.Join(dir, fmt.Sprintf("postgres-%d.log", port))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("siphontest: %w", err)
+	}
+	defer logFile.Close()
+	args := []string{"-D", data, "-p", strconv.Itoa(port), "-k", dir}
+	for _, setting := range cfg.sortedSettings() {
+		args = append(args, "-c", setting)
+	}
+	cmd := exec.Command(bin.postgres, args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("siphontest: start postgres: %w", err)
+	}
+	if err := reaper.watch(cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	exitErr := func() error {
+		select {
+		case err := <-exited:
+			exited <- err
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("postgres exited (%v): %s", err, lastLines(log, 20))
+		default:
+			return nil
+		}
+	}
+	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if err := waitReady(ctx, dsn, exitErr); err != nil {
+		reaper.unwatch(cmd.Process.Pid, exited)
+		return nil, fmt.Errorf("siphontest: %w", err)
+	}
+	return &Server{dsn: dsn, source: "local", stop: func() error {
+		return reaper.stopAndWait(exited)
+	}}, nil
+}
+
+// serverCredential returns the unprivileged user to run the server as when
+// this process is root (PostgreSQL refuses root), and hands dir to it.
+func serverCredential(dir string) (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	var uid, gid int
+	found := false
+	for _, name := range []string{"postgres", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+		found = true
+		break
+	}
+	if !found {
+		return nil, errors.New("siphontest: running as root and no unprivileged user (postgres or nobody) to run the server as")
+	}
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return nil, fmt.Errorf("siphontest: %w", err)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("siphontest: find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.TrimSpace([]byte(strings.Join(lines, "\n"))))
+}
+
+// stopTimeout bounds a server's fast shutdown before the reaper kills it.
+const stopTimeout = 10 * time.Second

@@ -1,0 +1,63 @@
+package siphontest
+
+import (
+	"sort"
+	"time"
+)
+
+// Option configures [Start] and [Launch].
+type Option func(*config)
+
+type config struct {
+	private      bool
+	settings     map[string]string
+	startTimeout time.Duration
+}
+
+func newConfig(opts []Option) config {
+	cfg := config{
+		startTimeout: 2 * time.Minute,
+		settings: map[string]string{
+			"wal_level":             "logical",
+			"max_replication_slots": "64",
+			"max_wal_senders":       "64",
+			"max_connections":       "200",
+			"fsync":                 "off",
+			"synchronous_commit":    "off",
+			"full_page_writes":      "off",
+			"listen_addresses":      "127.0.0.1",
+		},
+	}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	return cfg
+}
+
+// WithPrivateServer makes [Start] launch a server for the calling test alone,
+// stopped when the test ends, instead of returning the shared one. Use it for
+// tests that change server-wide state (settings, physical slots, restarts).
+// It has no effect on [Launch], which always starts a new server.
+func WithPrivateServer() Option { return func(c *config) { c.private = true } }
+
+// WithSetting sets a server configuration parameter of a server that
+// siphontest starts (ignored for SIPHON_TEST_DSN). Combine it with
+// [WithPrivateServer] in tests, since the shared server is started once with
+// the options of its first caller.
+func WithSetting(name, value string) Option {
+	return func(c *config) { c.settings[name] = value }
+}
+
+// WithStartTimeout bounds how long starting a server may take. Defaults to
+// 2 minutes.
+func WithStartTimeout(d time.Duration) Option { return func(c *config) { c.startTimeout = d } }
+
+// sortedSettings returns the settings as "name=value", sorted by name.
+func (c config) sortedSettings() []string {
+	out := make([]string, 0, len(c.settings))
+	for name, value := range c.settings {
+		out = append(out, name+"="+value)
+	}
+	sort.Strings(out)
+	return out
+}

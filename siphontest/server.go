@@ -1,0 +1,255 @@
+package siphontest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvDSN names the environment variable that points the tests at an existing
+// server instead of starting one.
+const EnvDSN = "SIPHON_TEST_DSN"
+
+// ErrNoServer is returned by [Launch] when no way to get a server is
+// available: no SIPHON_TEST_DSN, no local server binaries, no Docker engine.
+var ErrNoServer = errors.New("siphontest: no PostgreSQL server available: set " + EnvDSN +
+	" to a server with wal_level=logical, install the PostgreSQL server binaries" +
+	" (apt-get install postgresql), or run a Docker engine")
+
+// Server is a running PostgreSQL server for tests.
+type Server struct {
+	dsn    string // a superuser DSN to the maintenance database
+	source string
+	stop   func() error
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// DSN returns a connection string for the server's maintenance database
+// ("postgres"), as a superuser. Tests should use [Server.NewDatabase].
+func (s *Server) DSN() string { return s.dsn }
+
+// Source says where the server came from: "env", "local" or "docker".
+func (s *Server) Source() string { return s.source }
+
+// Close stops a server that [Launch] started and removes its files. It is
+// safe to call more than once; a server given by SIPHON_TEST_DSN is left
+// running.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		if s.stop != nil {
+			s.closeErr = s.stop()
+		}
+	})
+	return s.closeErr
+}
+
+var shared struct {
+	once   sync.Once
+	server *Server
+	err    error
+}
+
+// Start returns the test binary's shared server, starting it on first use.
+// With [WithPrivateServer] it starts a server for this test alone, stopped
+// when the test ends. When no server can be had, Start skips the test, or
+// fails it when the CI environment variable is set.
+func Start(tb testing.TB, opts ...Option) *Server {
+	tb.Helper()
+	cfg := newConfig(opts)
+	if cfg.private {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.startTimeout)
+		defer cancel()
+		srv, err := Launch(ctx, opts...)
+		if err != nil {
+			failOrSkip(tb, err)
+		}
+		tb.Cleanup(func() {
+			if err := srv.Close(); err != nil {
+				tb.Errorf("siphontest: stop private server: %v", err)
+			}
+		})
+		return srv
+	}
+	shared.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.startTimeout)
+		defer cancel()
+		shared.server, shared.err = Launch(ctx, opts...)
+	})
+	if shared.err != nil {
+		failOrSkip(tb, shared.err)
+	}
+	return shared.server
+}
+
+func failOrSkip(tb testing.TB, err error) {
+	tb.Helper()
+	if errors.Is(err, ErrNoServer) && os.Getenv("CI") == "" {
+		tb.Skip(err.Error())
+	}
+	tb.Fatal(err)
+}
+
+// Main runs the tests of m, stops the shared server, and exits with the
+// tests' exit code. Use it from TestMain when the server must be gone before
+// the test binary exits; without it the reaper stops the server right after.
+func Main(m *testing.M) {
+	code := m.Run()
+	if shared.server != nil {
+		if err := shared.server.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	os.Exit(code)
+}
+
+// Launch starts a server (or connects to the one SIPHON_TEST_DSN names) and
+// waits until it accepts connections. The caller must Close it. It returns an
+// error wrapping [ErrNoServer] when there is no way to get one.
+func Launch(ctx context.Context, opts ...Option) (*Server, error) {
+	cfg := newConfig(opts)
+	if dsn := os.Getenv(EnvDSN); dsn != "" {
+		if err := waitReady(ctx, dsn, nil); err != nil {
+			return nil, fmt.Errorf("siphontest: server from %s: %w", EnvDSN, err)
+		}
+		return &Server{dsn: dsn, source: "env"}, nil
+	}
+	bin, err := findServerBinaries()
+	if err == nil {
+		return launchLocal(ctx, bin, cfg)
+	}
+	srv, dockerErr := launchDocker(ctx, cfg)
+	if dockerErr == nil {
+		return srv, nil
+	}
+	return nil, fmt.Errorf("%w (local binaries: %v; docker: %v)", ErrNoServer, err, dockerErr)
+}
+
+// waitReady connects until the server answers, the context ends, or exited
+// reports that the server process is gone.
+func waitReady(ctx context.Context, dsn string, exited func() error) error {
+	var last error
+	for {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err == nil {
+			var level string
+			err = conn.QueryRow(ctx, "SHOW wal_level").Scan(&level)
+			conn.Close(context.Background())
+			if err == nil && level != "logical" {
+				return fmt.Errorf("wal_level is %q: logical replication needs wal_level=logical", level)
+			}
+			if err == nil {
+				return nil
+			}
+		}
+		last = err
+		if exited != nil {
+			if err := exited(); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("server not ready: %w (last error: %v)", ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+var databaseSeq atomic.Int64
+
+// NewDatabase creates a fresh, empty database and returns a DSN for it. The
+// database is dropped when the test ends, after its sessions are terminated
+// and its replication slots dropped.
+func (s *Server) NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, drop, err := s.CreateDatabase(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := drop(ctx); err != nil {
+			tb.Errorf("siphontest: %v", err)
+		}
+	})
+	return dsn
+}
+
+// CreateDatabase creates a fresh, empty database and returns its DSN and a
+// function that drops it (terminating its sessions and dropping its
+// replication slots first). It is [Server.NewDatabase] for code outside tests.
+func (s *Server) CreateDatabase(ctx context.Context) (dsn string, drop func(context.Context) error, err error) {
+	name := fmt.Sprintf("siphontest_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1_000_000, databaseSeq.Add(1))
+	conn, err := pgx.Connect(ctx, s.dsn)
+	if err != nil {
+		return "", nil, fmt.Errorf("siphontest: create database: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"); err != nil {
+		return "", nil, fmt.Errorf("siphontest: create database %s: %w", name, err)
+	}
+	dsn, err = withDatabase(s.dsn, name)
+	if err != nil {
+		return "", nil, err
+	}
+	return dsn, func(ctx context.Context) error { return s.dropDatabase(ctx, name) }, nil
+}
+
+// dropDatabase terminates the database's sessions (walsenders included),
+// drops its logical slots, then the database itself.
+func (s *Server) dropDatabase(ctx context.Context, name string) error {
+	conn, err := pgx.Connect(ctx, s.dsn)
+	if err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = $1 AND pid <> pg_backend_pid()`, name)
+		if err == nil {
+			_, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+				WHERE database = $1 AND NOT active`, name)
+		}
+		if err == nil {
+			_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		}
+		if err == nil {
+			return nil
+		}
+		// A walsender that was just terminated may still hold its slot for a
+		// moment ("is active for PID ..."); try again until the deadline.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("drop database %s: %w", name, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// withDatabase returns dsn pointed at another database. It understands both
+// URL and keyword/value connection strings.
+func withDatabase(dsn, database string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("siphontest: parse DSN: invalid URL")
+		}
+		u.Path = "/" + database
+		return u.String(), nil
+	}
+	return dsn + " dbname='" + database + "'", nil
+}

@@ -1,0 +1,171 @@
+package siphontest_test
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon/siphontest"
+)
+
+func TestNewDatabaseIsFreshAndLogical(t *testing.T) {
+	t.Parallel()
+	srv := siphontest.Start(t)
+	ctx := context.Background()
+
+	dsnA, dsnB := srv.NewDatabase(t), srv.NewDatabase(t)
+	require.NotEqual(t, dsnA, dsnB)
+
+	conn, err := pgx.Connect(ctx, dsnA)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	settings := map[string]string{}
+	for _, name := range []string{"wal_level", "max_replication_slots", "max_wal_senders", "server_encoding"} {
+		var v string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v))
+		settings[name] = v
+	}
+	assert.Equal(t, "logical", settings["wal_level"])
+	assert.GreaterOrEqual(t, atoi(t, settings["max_replication_slots"]), 20)
+	assert.GreaterOrEqual(t, atoi(t, settings["max_wal_senders"]), 20)
+	assert.Equal(t, "UTF8", settings["server_encoding"])
+
+	var tables int
+	require.NoError(t, conn.QueryRow(ctx,
+		"SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog','information_schema')").Scan(&tables))
+	assert.Zero(t, tables, "a new database holds no user tables")
+}
+
+func TestDatabaseDroppedWithItsSlotsAndSessions(t *testing.T) {
+	t.Parallel()
+	srv := siphontest.Start(t)
+	ctx := context.Background()
+
+	var dbName string
+	t.Run("inner", func(t *testing.T) {
+		dsn := srv.NewDatabase(t)
+		conn, err := pgx.Connect(ctx, dsn)
+		require.NoError(t, err)
+		// Left open on purpose, with a slot: cleanup must still drop the database.
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_database()").Scan(&dbName))
+		_, err = conn.Exec(ctx, "SELECT pg_create_logical_replication_slot('siphontest_leftover_'||pg_backend_pid(), 'pgoutput')")
+		require.NoError(t, err)
+	})
+
+	admin, err := pgx.Connect(ctx, srv.DSN())
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var dbs, slots int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", dbName).Scan(&dbs))
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = $1", dbName).Scan(&slots))
+	assert.Zero(t, dbs, "database dropped at cleanup")
+	assert.Zero(t, slots, "its slots dropped at cleanup")
+}
+
+// TestLaunchedServerGoneWhenProcessKilled kills a process that launched a
+// server with SIGKILL and checks that the reaper stops the server and removes
+// its directory.
+func TestLaunchedServerGoneWhenProcessKilled(t *testing.T) {
+	if os.Getenv("SIPHONTEST_CHILD") == "1" {
+		srv, err := siphontest.Launch(context.Background())
+		if err != nil {
+			os.Exit(3)
+		}
+		conn, err := pgx.Connect(context.Background(), srv.DSN())
+		if err != nil {
+			os.Exit(4)
+		}
+		var pid int
+		var dir string
+		conn.QueryRow(context.Background(), "SELECT pg_backend_pid(), current_setting('data_directory')").Scan(&pid, &dir)
+		os.Stdout.WriteString(dir + "\n")
+		select {} // wait to be killed
+	}
+	if os.Getenv(siphontest.EnvDSN) != "" {
+		t.Skip("the reaper only watches servers siphontest starts itself")
+	}
+	t.Parallel()
+	siphontest.Start(t) // skips or fails like every other test when no server can be had
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLaunchedServerGoneWhenProcessKilled$")
+	cmd.Env = append(os.Environ(), "SIPHONTEST_CHILD=1")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "child did not report its server")
+	dataDir := strings.TrimSpace(line)
+	require.DirExists(t, dataDir)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+
+	assert.Eventually(t, func() bool {
+		_, err := os.Stat(dataDir)
+		return os.IsNotExist(err)
+	}, 20*time.Second, 50*time.Millisecond, "server directory removed after the launching process died")
+	assert.False(t, postgresRunningIn(dataDir), "no postgres process left for %s", dataDir)
+}
+
+func TestLaunchAndClose(t *testing.T) {
+	if os.Getenv(siphontest.EnvDSN) != "" {
+		t.Skip("Launch connects to the SIPHON_TEST_DSN server instead of starting one")
+	}
+	t.Parallel()
+	siphontest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	started := time.Now()
+	srv, err := siphontest.Launch(ctx)
+	require.NoError(t, err)
+	t.Logf("launch to ready: %v (%s)", time.Since(started), srv.Source())
+	conn, err := pgx.Connect(ctx, srv.DSN())
+	require.NoError(t, err)
+	var dir string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting('data_directory')").Scan(&dir))
+	conn.Close(ctx)
+
+	require.NoError(t, srv.Close())
+	require.NoError(t, srv.Close(), "Close twice is fine")
+	assert.NoDirExists(t, dir)
+	assert.False(t, postgresRunningIn(dir))
+}
+
+func BenchmarkNewDatabase(b *testing.B) {
+	srv := siphontest.Start(b)
+	for b.Loop() {
+		srv.NewDatabase(b)
+	}
+}
+
+// postgresRunningIn reports whether a process has dataDir on its command line.
+func postgresRunningIn(dataDir string) bool {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.Contains(string(cmdline), dataDir) {
+			return true
+		}
+	}
+	return false
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	var n int
+	for _, r := range s {
+		require.True(t, r >= '0' && r <= '9', "not a number: %q", s)
+		n = n*10 + int(r-'0')
+	}
+	return n
+}
