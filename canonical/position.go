@@ -70,3 +70,7 @@ func (p *Position) UnmarshalText(text []byte) error {
 	*p = v
 	return nil
 }
+
+// AppendText implements [encoding.TextAppender]: it appends [Position.String]'s
+// text to b without allocating.
+func (p Position) AppendText(b []byte) ([]byte, error) { return appendPosition(b, p), nil }

@@ -17,7 +17,9 @@
 //     under /usr/lib/postgresql/*/bin): a throwaway cluster in a temporary
 //     directory on a free loopback port, with fsync off. When the test runs
 //     as root the server runs as the unprivileged "postgres" user (or
-//     "nobody"), since PostgreSQL refuses to run as root;
+//     "nobody"), since PostgreSQL refuses to run as root. The superuser
+//     "postgres" connects without a password; every other role must give
+//     its password (scram-sha-256), so tests can check password handling;
 //  3. a Docker engine, through the testcontainers postgres module;
 //  4. otherwise the test is skipped with a message saying how to get a
 //     server, or fails when the CI environment variable is set.

@@ -86,6 +86,9 @@ func launchLocal(ctx context.Context, bin serverBinaries, cfg config) (srv *Serv
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("siphontest: initdb: %w: %s", err, lastLines(out, 20))
 	}
+	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hbaConf), 0o600); err != nil {
+		return nil, fmt.Errorf("siphontest: %w", err)
+	}
 
 	for attempt := 0; ; attempt++ {
 		port, err := freePort()
@@ -189,6 +192,15 @@ func lastLines(b []byte, n int) string {
 	}
 	return string(bytes.TrimSpace([]byte(strings.Join(lines, "\n"))))
 }
+
+// hbaConf lets the superuser in without a password and makes every other
+// role authenticate, so tests can check how passwords are handled.
+const hbaConf = `local all all trust
+host all postgres 127.0.0.1/32 trust
+host replication postgres 127.0.0.1/32 trust
+host all all 127.0.0.1/32 scram-sha-256
+host replication all 127.0.0.1/32 scram-sha-256
+`
 
 // stopTimeout bounds a server's fast shutdown before the reaper kills it.
 const stopTimeout = 10 * time.Second

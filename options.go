@@ -1,0 +1,243 @@
+package siphon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// Option configures a [Conn]. Options are checked by [Connect], which returns
+// an [*OptionError] saying how to fix an invalid one.
+type Option func(*options)
+
+// options holds every setting of a Conn. Defaults live in defaultOptions.
+type options struct {
+	logger         *slog.Logger
+	slot           string
+	publication    string
+	tables         []string
+	slotRetry      SlotRetry
+	statusInterval time.Duration
+	heartbeat      time.Duration
+	progress       func(Progress)
+	copySessions   int
+}
+
+func defaultOptions() options {
+	return options{
+		logger:         slog.New(warnAndAbove{}),
+		slot:           "siphon",
+		publication:    "siphon",
+		slotRetry:      SlotRetry{LockTimeout: 59 * time.Second, MaxBlocked: 30 * time.Minute, RetryDelay: time.Second},
+		statusInterval: 10 * time.Second,
+		copySessions:   4,
+	}
+}
+
+// SlotRetry bounds how long creating a replication slot may wait for the
+// transactions that block it (see [Conn.CurrentPosition]).
+type SlotRetry struct {
+	// LockTimeout bounds one attempt to create the slot. Defaults to 59s.
+	LockTimeout time.Duration
+	// MaxBlocked bounds all attempts together; past it the creation fails
+	// with a [*SlotBlockedError] naming the blocking sessions. Defaults to 30m.
+	MaxBlocked time.Duration
+	// RetryDelay is the base pause between attempts, jittered between one and
+	// five times its value. Defaults to 1s.
+	RetryDelay time.Duration
+}
+
+// Progress reports how far a table copy has come. Totals are estimates from
+// the catalog (pg_class.reltuples and the relation size) and may be zero
+// for a table never analyzed.
+type Progress struct {
+	Table          canonical.TableName
+	Rows           int64
+	Bytes          int64
+	EstimatedRows  int64
+	EstimatedBytes int64
+	// Done is true on the table's last report.
+	Done bool
+}
+
+// WithLogger sets the logger for state changes (slot created, blocked,
+// retrying, resumed); siphon never logs per row. Defaults to a logger that
+// passes warnings and errors to [slog.Default] and discards the rest.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithSlot names the persistent logical replication slot that holds the
+// change stream's position: 1 to 63 characters of a-z, 0-9 and _.
+// Defaults to "siphon".
+func WithSlot(name string) Option { return func(o *options) { o.slot = name } }
+
+// WithPublication names the publication that selects the streamed tables
+// (created when missing): 1 to 63 characters of a-z, 0-9 and _. Defaults
+// to "siphon".
+func WithPublication(name string) Option { return func(o *options) { o.publication = name } }
+
+// WithTables restricts siphon to the named tables, each "schema.table" in
+// SQL notation: unquoted parts fold to lower case, double-quoted parts are
+// taken as written (`"Sales"."Order Lines"`); a name without a schema is in
+// "public". Defaults to every user table.
+func WithTables(names ...string) Option {
+	return func(o *options) { o.tables = append([]string(nil), names...) }
+}
+
+// WithSlotRetry sets how long slot creation waits for blocking
+// transactions. Zero fields keep their defaults (see [SlotRetry]).
+func WithSlotRetry(r SlotRetry) Option {
+	return func(o *options) {
+		if r.LockTimeout != 0 {
+			o.slotRetry.LockTimeout = r.LockTimeout
+		}
+		if r.MaxBlocked != 0 {
+			o.slotRetry.MaxBlocked = r.MaxBlocked
+		}
+		if r.RetryDelay != 0 {
+			o.slotRetry.RetryDelay = r.RetryDelay
+		}
+	}
+}
+
+// WithStatusInterval sets how often streaming sends a standby status update
+// (acknowledging what was handled) when the server does not ask sooner.
+// Defaults to 10s.
+func WithStatusInterval(d time.Duration) Option { return func(o *options) { o.statusInterval = d } }
+
+// WithHeartbeat makes streaming write a logical decoding message
+// (pg_logical_emit_message, prefix "siphon.heartbeat") at this interval, so
+// the slot keeps advancing on a server where only unpublished tables change.
+// Defaults to 0: off.
+func WithHeartbeat(d time.Duration) Option { return func(o *options) { o.heartbeat = d } }
+
+// WithProgress sets a function that receives table copy progress, a few
+// times a second at most per table. It is called from one goroutine at a
+// time. Defaults to none.
+func WithProgress(f func(Progress)) Option { return func(o *options) { o.progress = f } }
+
+// WithCopySessions sets how many sessions copy tables in parallel (bounded
+// by the server's free connections). Defaults to 4.
+func WithCopySessions(n int) Option { return func(o *options) { o.copySessions = n } }
+
+var slotNamePattern = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// validate checks every option and returns the table names parsed.
+func (o *options) validate() ([]canonical.TableName, error) {
+	if o.logger == nil {
+		return nil, &OptionError{Option: "WithLogger", Problem: "the logger is nil", Fix: "pass a *slog.Logger, or leave the option out"}
+	}
+	if !slotNamePattern.MatchString(o.slot) {
+		return nil, &OptionError{Option: "WithSlot", Problem: fmt.Sprintf("%q is not a valid slot name", o.slot), Fix: "use 1 to 63 characters of a-z, 0-9 and _"}
+	}
+	if !slotNamePattern.MatchString(o.publication) {
+		return nil, &OptionError{Option: "WithPublication", Problem: fmt.Sprintf("%q is not a valid publication name", o.publication), Fix: "use 1 to 63 characters of a-z, 0-9 and _"}
+	}
+	r := o.slotRetry
+	if r.LockTimeout < 0 || r.MaxBlocked < 0 || r.RetryDelay < 0 {
+		return nil, &OptionError{Option: "WithSlotRetry", Problem: "a duration is negative", Fix: "use positive durations, or zero for the default"}
+	}
+	if o.statusInterval <= 0 {
+		return nil, &OptionError{Option: "WithStatusInterval", Problem: fmt.Sprintf("%v is not positive", o.statusInterval), Fix: "use a positive duration well below the server's wal_sender_timeout (60s by default)"}
+	}
+	if o.heartbeat < 0 {
+		return nil, &OptionError{Option: "WithHeartbeat", Problem: fmt.Sprintf("%v is negative", o.heartbeat), Fix: "use a positive interval, or 0 for no heartbeat"}
+	}
+	if o.copySessions < 1 || o.copySessions > 64 {
+		return nil, &OptionError{Option: "WithCopySessions", Problem: fmt.Sprintf("%d sessions", o.copySessions), Fix: "use 1 to 64"}
+	}
+	tables := make([]canonical.TableName, 0, len(o.tables))
+	seen := map[canonical.TableName]bool{}
+	for _, s := range o.tables {
+		name, err := parseTableName(s)
+		if err != nil {
+			return nil, &OptionError{Option: "WithTables", Problem: err.Error(), Fix: `write each table as schema.table, quoting parts with double quotes when they hold upper case or odd characters: "Sales"."Order Lines"`}
+		}
+		if !seen[name] {
+			seen[name] = true
+			tables = append(tables, name)
+		}
+	}
+	return tables, nil
+}
+
+// parseTableName parses a possibly schema-qualified SQL table name.
+func parseTableName(s string) (canonical.TableName, error) {
+	var parts []string
+	rest := strings.TrimSpace(s)
+	for {
+		part, tail, err := parseIdentifier(rest)
+		if err != nil {
+			return canonical.TableName{}, fmt.Errorf("%q: %v", s, err)
+		}
+		parts = append(parts, part)
+		if tail == "" {
+			break
+		}
+		if tail[0] != '.' {
+			return canonical.TableName{}, fmt.Errorf("%q: unexpected %q after %q", s, tail, part)
+		}
+		rest = tail[1:]
+	}
+	switch len(parts) {
+	case 1:
+		return canonical.TableName{Schema: "public", Name: parts[0]}, nil
+	case 2:
+		return canonical.TableName{Schema: parts[0], Name: parts[1]}, nil
+	}
+	return canonical.TableName{}, fmt.Errorf("%q: more than schema and table", s)
+}
+
+// parseIdentifier reads one identifier from the start of s: a double-quoted
+// one (with "" for a quote) or an unquoted one, folded to lower case.
+func parseIdentifier(s string) (ident, rest string, err error) {
+	if strings.HasPrefix(s, `"`) {
+		var b strings.Builder
+		for i := 1; i < len(s); i++ {
+			if s[i] != '"' {
+				b.WriteByte(s[i])
+				continue
+			}
+			if i+1 < len(s) && s[i+1] == '"' {
+				b.WriteByte('"')
+				i++
+				continue
+			}
+			if b.Len() == 0 {
+				return "", "", fmt.Errorf("empty quoted identifier")
+			}
+			return b.String(), s[i+1:], nil
+		}
+		return "", "", fmt.Errorf("unterminated quoted identifier")
+	}
+	end := strings.IndexByte(s, '.')
+	if end < 0 {
+		end = len(s)
+	}
+	ident = s[:end]
+	if ident == "" || strings.ContainsAny(ident, "\" \t\n;") {
+		return "", "", fmt.Errorf("%q is not an identifier (quote it with double quotes)", ident)
+	}
+	return strings.ToLower(ident), s[end:], nil
+}
+
+// warnAndAbove is the default log handler: warnings and errors go to
+// slog.Default, the rest is dropped.
+type warnAndAbove struct{ attrs []slog.Attr }
+
+func (warnAndAbove) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (h warnAndAbove) Handle(ctx context.Context, r slog.Record) error {
+	r.AddAttrs(h.attrs...)
+	return slog.Default().Handler().Handle(ctx, r)
+}
+
+func (h warnAndAbove) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warnAndAbove{attrs: append(append([]slog.Attr(nil), h.attrs...), attrs...)}
+}
+
+func (h warnAndAbove) WithGroup(string) slog.Handler { return h }

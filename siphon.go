@@ -1,0 +1,275 @@
+// Package siphon moves PostgreSQL data out and back in on one timeline.
+//
+// Everything siphon produces carries a [canonical.Position] (a WAL location,
+// LSN): a consistent snapshot taken at an exact Position, the logical change
+// stream (pgoutput) that continues it, full backups (pg_dump) aligned to a
+// snapshot's Position, and incremental backups that are bounded runs of that
+// stream. Because each piece starts exactly where the previous one ended, a
+// user can chain them with no gap and no duplicate, and apply them to another
+// database exactly once.
+//
+// A [Conn] is the entry point:
+//
+//	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot("orders_cdc"))
+//	if err != nil { ... }
+//	defer c.Close()
+//	schema, err := c.InspectSchema(ctx)
+//
+// # Session settings
+//
+// Every session siphon opens uses fixed settings, so that values print the
+// same way everywhere (see [canonical.Value]): DateStyle ISO, TimeZone UTC,
+// IntervalStyle postgres, extra_float_digits 3, bytea_output hex and
+// lc_monetary C. The source database must use the UTF8 encoding.
+//
+// # Secrets
+//
+// A DSN's password never appears in siphon's errors or log lines, and child
+// processes (pg_dump) receive it through their environment, never argv.
+package siphon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// sessionSettings are set on every session siphon opens, replication
+// sessions included, so output functions print values the same way.
+var sessionSettings = map[string]string{
+	"DateStyle":          "ISO, MDY",
+	"TimeZone":           "UTC",
+	"IntervalStyle":      "postgres",
+	"extra_float_digits": "3",
+	"bytea_output":       "hex",
+	"lc_monetary":        "C",
+	"application_name":   "siphon",
+}
+
+// Conn is a connection to one PostgreSQL database. It is safe for
+// concurrent use; each operation takes the sessions it needs.
+type Conn struct {
+	config *pgx.ConnConfig // the parsed DSN with siphon's session settings
+	pool   *pgxpool.Pool
+	opts   options
+	tables []canonical.TableName // from WithTables; empty means every user table
+	log    *slog.Logger
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Connect checks the options, connects to the database dsn names (a
+// PostgreSQL URL or keyword/value string) and checks that the server can
+// serve siphon. It returns an [*OptionError] for an invalid option and an
+// error wrapping [ErrInvalidDSN] for a DSN that does not parse.
+func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	tables, err := o.validate()
+	if err != nil {
+		return nil, err
+	}
+	poolConfig, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// The parse error may quote the DSN, password included: say only
+		// what the DSN should look like.
+		return nil, fmt.Errorf("%w: write it as postgres://user@host:5432/dbname?sslmode=... or host=... dbname=... user=...", ErrInvalidDSN)
+	}
+	for name, value := range sessionSettings {
+		if _, set := poolConfig.ConnConfig.RuntimeParams[name]; set && name == "application_name" {
+			continue // the user's own application name wins
+		}
+		poolConfig.ConnConfig.RuntimeParams[name] = value
+	}
+	poolConfig.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, poolConfig)
+	if err != nil {
+		return nil, fmt.Errorf("siphon: connect: %w", err)
+	}
+	c := &Conn{config: poolConfig.ConnConfig, pool: pool, opts: o, tables: tables, log: o.logger}
+	if err := c.checkServer(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// checkServer makes sure the server is reachable and speaks UTF8.
+func (c *Conn) checkServer(ctx context.Context) error {
+	var encoding string
+	if err := c.pool.QueryRow(ctx, "SELECT current_setting('server_encoding')").Scan(&encoding); err != nil {
+		return fmt.Errorf("siphon: connect: %w", err)
+	}
+	if encoding != "UTF8" {
+		return fmt.Errorf("siphon: connect: database encoding is %s: siphon needs a UTF8 database", encoding)
+	}
+	return nil
+}
+
+// Close releases the Conn's sessions. It is safe to call more than once and
+// returns the first call's result.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() { c.pool.Close() })
+	return c.closeErr
+}
+
+// Errors callers can branch on with errors.Is.
+var (
+	// ErrInvalidDSN means the connection string does not parse.
+	ErrInvalidDSN = errors.New("siphon: invalid DSN")
+	// ErrSlotInUse means a replication slot is active in another session.
+	ErrSlotInUse = errors.New("siphon: replication slot is in use")
+)
+
+// OptionError reports an invalid [Option] given to [Connect].
+type OptionError struct {
+	Option  string // the With... function
+	Problem string // what is wrong
+	Fix     string // how to fix it
+}
+
+func (e *OptionError) Error() string {
+	return fmt.Sprintf("siphon: %s: %s: %s", e.Option, e.Problem, e.Fix)
+}
+
+// inspectQuery lists user tables (ordinary and partitioned) with their
+// columns, keys and replica identity. Generated columns are left out: they
+// are neither published nor insertable, the target computes them.
+const inspectQuery = `
+SELECT n.nspname, c.relname, c.relkind = 'p', c.relreplident,
+       pn.nspname, pc.relname,
+       coalesce((SELECT array_agg(a.attname ORDER BY a.attnum)
+                 FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
+       coalesce((SELECT array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum)
+                 FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
+       coalesce((SELECT array_agg(a.atttypid::int8 ORDER BY a.attnum)
+                 FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
+       coalesce((SELECT array_agg(NOT a.attnotnull ORDER BY a.attnum)
+                 FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
+       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
+                 FROM pg_index i
+                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+                 WHERE i.indrelid = c.oid AND i.indisprimary), '{}'),
+       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
+                 FROM pg_index i
+                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+                 WHERE i.indrelid = c.oid AND i.indisreplident), '{}')
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_inherits inh ON c.relispartition AND inh.inhrelid = c.oid
+LEFT JOIN pg_class pc ON pc.oid = inh.inhparent
+LEFT JOIN pg_namespace pn ON pn.oid = pc.relnamespace
+WHERE c.relkind IN ('r', 'p')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%'
+ORDER BY n.nspname, c.relname`
+
+// InspectSchema describes the tables siphon works on: those named by
+// [WithTables], or every user table in every schema. Each table lists its
+// columns (name, type with modifiers, type OID, nullability) in order,
+// generated columns left out; its primary key; its replica identity and the
+// columns that identify a row in old values; and whether it is a partitioned
+// parent or a partition. A table named by WithTables that does not exist is
+// an error.
+func (c *Conn) InspectSchema(ctx context.Context) (*canonical.Schema, error) {
+	rows, err := c.pool.Query(ctx, inspectQuery)
+	if err != nil {
+		return nil, fmt.Errorf("siphon: inspect schema: %w", err)
+	}
+	var all []canonical.Table
+	for rows.Next() {
+		t, err := scanTable(rows)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("siphon: inspect schema: %w", err)
+		}
+		all = append(all, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("siphon: inspect schema: %w", err)
+	}
+	if len(c.tables) == 0 {
+		return &canonical.Schema{Tables: all}, nil
+	}
+	byName := make(map[canonical.TableName]canonical.Table, len(all))
+	for _, t := range all {
+		byName[t.TableName()] = t
+	}
+	schema := &canonical.Schema{}
+	for _, name := range c.tables {
+		t, ok := byName[name]
+		if !ok {
+			return nil, fmt.Errorf("siphon: inspect schema: %w", &SchemaIncompatibleError{Table: name, Problem: "the table named by WithTables does not exist"})
+		}
+		schema.Tables = append(schema.Tables, t)
+	}
+	return schema, nil
+}
+
+func scanTable(rows pgx.Rows) (canonical.Table, error) {
+	var (
+		t                       canonical.Table
+		identity                string
+		parentSchema, parent    *string
+		names, types            []string
+		oids                    []int64
+		nullable                []bool
+		primaryKey, identityKey []string
+	)
+	if err := rows.Scan(&t.Schema, &t.Name, &t.Partitioned, &identity, &parentSchema, &parent,
+		&names, &types, &oids, &nullable, &primaryKey, &identityKey); err != nil {
+		return t, err
+	}
+	for i := range names {
+		t.Columns = append(t.Columns, canonical.Column{Name: names[i], Type: types[i], TypeOID: uint32(oids[i]), Nullable: nullable[i]})
+	}
+	t.PrimaryKey = primaryKey
+	switch identity {
+	case "d":
+		t.ReplicaIdentity, t.IdentityKey = canonical.IdentityDefault, primaryKey
+	case "i":
+		t.ReplicaIdentity, t.IdentityKey = canonical.IdentityIndex, identityKey
+	case "f":
+		t.ReplicaIdentity = canonical.IdentityFull
+		for _, col := range t.Columns {
+			t.IdentityKey = append(t.IdentityKey, col.Name)
+		}
+	default:
+		t.ReplicaIdentity = canonical.IdentityNothing
+	}
+	if parent != nil {
+		t.PartitionOf = &canonical.TableName{Schema: *parentSchema, Name: *parent}
+	}
+	return t, nil
+}
+
+// SchemaIncompatibleError reports a table that is missing, or whose shape
+// changed or differs from what an operation expects.
+type SchemaIncompatibleError struct {
+	Table   canonical.TableName
+	Column  string // the column concerned, if any
+	Problem string
+}
+
+func (e *SchemaIncompatibleError) Error() string {
+	if e.Column != "" {
+		return fmt.Sprintf("siphon: table %s, column %q: %s", e.Table, e.Column, e.Problem)
+	}
+	return fmt.Sprintf("siphon: table %s: %s", e.Table, e.Problem)
+}
