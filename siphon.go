@@ -36,6 +36,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/siphondb/siphon/canonical"
@@ -272,4 +273,28 @@ func (e *SchemaIncompatibleError) Error() string {
 		return fmt.Sprintf("siphon: table %s, column %q: %s", e.Table, e.Column, e.Problem)
 	}
 	return fmt.Sprintf("siphon: table %s: %s", e.Table, e.Problem)
+}
+
+// newSession opens a dedicated session (outside the pool) with siphon's
+// session settings, for work that must own its session: holding a lock,
+// importing a snapshot, copying a table.
+func (c *Conn) newSession(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, c.config.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("open session: %w", err)
+	}
+	return conn, nil
+}
+
+// newReplicationSession opens a logical replication session
+// (replication=database) with siphon's session settings, which the
+// walsender's output functions use too.
+func (c *Conn) newReplicationSession(ctx context.Context) (*pgconn.PgConn, error) {
+	config := c.config.Config.Copy()
+	config.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, config)
+	if err != nil {
+		return nil, fmt.Errorf("open replication session: %w", err)
+	}
+	return conn, nil
 }
