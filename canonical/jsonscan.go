@@ -1,6 +1,7 @@
 package canonical
 
 import (
+	"bytes"
 	"fmt"
 	"unicode/utf8"
 )
@@ -45,8 +46,10 @@ func (s *scanner) unexpected(want string) error {
 
 func (s *scanner) ws() {
 	for s.pos < len(s.data) {
-		switch s.data[s.pos] {
-		case ' ', '\t', '\n', '\r':
+		switch c := s.data[s.pos]; {
+		case c > ' ':
+			return
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
 			s.pos++
 		default:
 			return
@@ -120,14 +123,6 @@ func (s *scanner) key() ([]byte, error) {
 
 // isString reports whether the next value is a string.
 func (s *scanner) isString() bool { return s.peek() == '"' }
-
-// null consumes a null literal if one comes next.
-func (s *scanner) null() (bool, error) {
-	if s.peek() != 'n' {
-		return false, nil
-	}
-	return true, s.literal("null")
-}
 
 func (s *scanner) literal(lit string) error {
 	if len(s.data)-s.pos < len(lit) || string(s.data[s.pos:s.pos+len(lit)]) != lit {
@@ -240,12 +235,12 @@ func unescape(dst, raw []byte) []byte {
 	for i := 0; i < len(raw); {
 		c := raw[i]
 		if c != '\\' {
-			j := i + 1
-			for j < len(raw) && raw[j] != '\\' {
-				j++
+			j := bytes.IndexByte(raw[i:], '\\')
+			if j < 0 {
+				return append(dst, raw[i:]...)
 			}
-			dst = append(dst, raw[i:j]...)
-			i = j
+			dst = append(dst, raw[i:i+j]...)
+			i += j
 			continue
 		}
 		switch e := raw[i+1]; e {
@@ -290,22 +285,47 @@ func (s *scanner) stringBytes() ([]byte, error) {
 	return s.scratch[start:len(s.scratch):len(s.scratch)], nil
 }
 
-// appendString reads a string and appends its decoded content to dst.
+// appendString reads a string and appends its decoded content to dst, in
+// one pass (the hot path of value decoding).
 func (s *scanner) appendString(dst []byte) ([]byte, error) {
-	raw, escaped, err := s.stringRaw()
-	if err != nil {
-		return dst, err
+	if s.peek() != '"' {
+		return dst, s.unexpected("a string")
 	}
-	if !escaped {
-		return append(dst, raw...), nil
+	data := s.data
+	i := s.pos + 1
+	start := i
+	for {
+		if i >= len(data) {
+			s.pos = i
+			return dst, s.syntax("unterminated string")
+		}
+		c := data[i]
+		if jsonSafe[c] {
+			i++
+			continue
+		}
+		switch {
+		case c == '"':
+			s.pos = i + 1
+			return append(dst, data[start:i]...), nil
+		case c == '\\':
+			n, err := s.checkEscape(i)
+			if err != nil {
+				return dst, err
+			}
+			dst = unescape(append(dst, data[start:i]...), data[i:i+n])
+			i += n
+			start = i
+		case c < 0x20:
+			return dst, s.errAt(i, ErrSyntax, "raw control character %#02x in a string (JSON needs \\u%04x)", c, c)
+		default:
+			r, size := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && size == 1 {
+				return dst, s.errAt(i, ErrInvalidUTF8, "byte %#02x in a string", c)
+			}
+			i += size
+		}
 	}
-	return unescape(dst, raw), nil
-}
-
-// str reads a string as a Go string.
-func (s *scanner) str() (string, error) {
-	b, err := s.stringBytes()
-	return string(b), err
 }
 
 // number reads a JSON number and returns its text.
@@ -427,7 +447,9 @@ func (s *scanner) skip(depth int) error {
 		return s.literal("false")
 	case 'n':
 		return s.literal("null")
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		_, err := s.number()
+		return err
 	}
-	_, err := s.number()
-	return err
+	return s.unexpected("a value")
 }

@@ -1,6 +1,7 @@
 package canonical
 
 import (
+	"encoding/base64"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -15,6 +16,8 @@ var jsonSafe = func() (t [256]bool) {
 	}
 	return t
 }()
+
+var base64Std = base64.StdEncoding
 
 const hexLower = "0123456789abcdef"
 

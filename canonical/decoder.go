@@ -1,0 +1,200 @@
+package canonical
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// DefaultMaxLineBytes is the longest line a [Decoder] accepts unless told
+// otherwise with [Decoder.SetMaxLineBytes]: 64 MiB.
+const DefaultMaxLineBytes = 64 << 20
+
+// Decoder reads a JSONL stream written by an [Encoder] (or anything that
+// writes the same format): [Decoder.Header] returns the header and
+// [Decoder.Next] the records that follow, in order, until [io.EOF] after the
+// end record.
+//
+// The Decoder checks the stream as it goes and returns a [*DecodeError]
+// naming the line for anything wrong with it: malformed JSON, invalid UTF-8,
+// an unknown record type, a row or change for a table no table record
+// described, a value count that does not match the table's columns, records
+// out of order, a stream cut short (no end record, wrapping
+// [io.ErrUnexpectedEOF]), a line over the length limit. Errors are final:
+// once Header or Next has returned one, later calls return it again.
+//
+// Members a record does not need are ignored, so later revisions of format
+// version 1 can add optional fields. Lines may end in "\n" or "\r\n"; the
+// last line's newline may be missing.
+//
+// A Decoder is not safe for concurrent use.
+type Decoder struct {
+	r       *bufio.Reader
+	maxLine int
+	lineNo  int
+	long    []byte // accumulates lines longer than the reader's buffer
+	cut     bool   // the last line read had no newline
+
+	sc           scanner
+	f            recordFields
+	arena        []byte // the text of the current record's values
+	newSpans     []span
+	oldSpans     []span
+	names        []byte // the current record's unchanged column names
+	unchanged    []span
+	oldUnchanged []span
+
+	header     Header
+	haveHeader bool
+	ended      bool
+	err        error
+	count      uint64
+	inTx       bool
+	txTime     time.Time
+
+	tables map[string]map[string]*Table
+	last   *Table
+}
+
+// NewDecoder returns a Decoder that reads from r through a buffer.
+func NewDecoder(r io.Reader) *Decoder {
+	return &Decoder{
+		r:       bufio.NewReaderSize(r, 64<<10),
+		maxLine: DefaultMaxLineBytes,
+		tables:  make(map[string]map[string]*Table),
+	}
+}
+
+// SetMaxLineBytes sets the longest line (newline excluded) the Decoder
+// accepts, from the next line read on; longer lines are an error wrapping
+// [ErrLineTooLong]. n <= 0 restores [DefaultMaxLineBytes]. The limit bounds
+// the Decoder's memory: a row is held whole.
+func (d *Decoder) SetMaxLineBytes(n int) {
+	if n <= 0 {
+		n = DefaultMaxLineBytes
+	}
+	d.maxLine = n
+}
+
+// Header reads the stream's header, if it has not been read yet, and returns
+// it. A header whose version is not [FormatVersion] is an error wrapping
+// [ErrUnsupportedVersion].
+func (d *Decoder) Header() (Header, error) {
+	if d.haveHeader {
+		return d.header, nil
+	}
+	if d.err != nil {
+		return Header{}, d.err
+	}
+	line, err := d.readLine()
+	if err == io.EOF {
+		d.lineNo++
+		err = d.fail(fmt.Errorf("%w (empty stream: no header)", ErrTruncated), "")
+	}
+	if err != nil {
+		return Header{}, err
+	}
+	if _, err := d.record(line); err != nil {
+		return Header{}, err
+	}
+	return d.header, nil
+}
+
+// Next returns the next record after the header (reading the header first
+// if [Decoder.Header] was not called). After the end record it returns
+// [io.EOF], and a [*DecodeError] wrapping [ErrOrder] if anything follows the
+// end record. A stream that ends without an end record is an error wrapping
+// [ErrTruncated] and [io.ErrUnexpectedEOF].
+func (d *Decoder) Next() (Record, error) {
+	if d.err != nil {
+		return Record{}, d.err
+	}
+	if !d.haveHeader {
+		if _, err := d.Header(); err != nil {
+			return Record{}, err
+		}
+	}
+	line, err := d.readLine()
+	switch {
+	case err == io.EOF && d.ended:
+		d.err = io.EOF
+		return Record{}, io.EOF
+	case err == io.EOF:
+		d.lineNo++
+		return Record{}, d.fail(ErrTruncated, "")
+	case err != nil:
+		return Record{}, err
+	case d.ended:
+		return Record{}, d.fail(fmt.Errorf("%w: a record after the end record", ErrOrder), "")
+	}
+	return d.record(line)
+}
+
+// readLine returns the next line without its newline, or io.EOF when there
+// are no more lines. The line is valid until the next read.
+func (d *Decoder) readLine() ([]byte, error) {
+	d.long = d.long[:0]
+	for {
+		frag, err := d.r.ReadSlice('\n')
+		switch {
+		case err == nil:
+			d.lineNo++
+			line := frag[:len(frag)-1]
+			if len(d.long) > 0 {
+				d.long = append(d.long, line...)
+				line = d.long
+			}
+			if len(line) > d.maxLine {
+				return nil, d.tooLong()
+			}
+			return line, nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			d.long = append(d.long, frag...)
+			if len(d.long) > d.maxLine {
+				d.lineNo++
+				return nil, d.tooLong()
+			}
+		case errors.Is(err, io.EOF):
+			if len(d.long)+len(frag) == 0 {
+				return nil, io.EOF
+			}
+			d.lineNo++
+			d.cut = true
+			line := frag
+			if len(d.long) > 0 {
+				d.long = append(d.long, frag...)
+				line = d.long
+			}
+			if len(line) > d.maxLine {
+				return nil, d.tooLong()
+			}
+			return line, nil
+		default:
+			d.lineNo++
+			return nil, d.fail(fmt.Errorf("read: %w", err), "")
+		}
+	}
+}
+
+func (d *Decoder) tooLong() error {
+	return d.fail(fmt.Errorf("%w: more than %d bytes (see Decoder.SetMaxLineBytes)", ErrLineTooLong, d.maxLine), "")
+}
+
+// fail records err as the Decoder's final error, as a *DecodeError for the
+// current line, and returns it.
+func (d *Decoder) fail(err error, record string) error {
+	de := &DecodeError{Line: d.lineNo, Record: record, Err: err}
+	var ce *colError
+	if errors.As(err, &ce) {
+		de.Col = ce.off + 1
+	}
+	if d.cut && errors.Is(err, ErrSyntax) {
+		// A last line without its newline that does not parse was most
+		// likely cut short.
+		de.Err = fmt.Errorf("%w: the last line is incomplete: %w", ErrTruncated, err)
+	}
+	d.err = de
+	return de
+}

@@ -1,0 +1,92 @@
+// Package canonical holds siphon's engine-neutral view of a database's data
+// and changes, and the JSONL format that carries it. It depends on the
+// standard library only.
+//
+// # Types
+//
+// A [Position] is a point on the source's timeline: a PostgreSQL WAL location
+// (LSN), printed "16/B374D848". Snapshots, change streams and backups all
+// carry one, so they chain with no gap and no duplicate: a resume Position is
+// the end of a committed transaction, or a snapshot's consistent point.
+//
+// A [Change] is one committed change: [OpBegin], then the transaction's
+// [OpInsert], [OpUpdate], [OpDelete], [OpTruncate] and [OpMessage] changes,
+// then [OpCommit], whose Position is the point to resume from.
+//
+// A [Value] is one column value in canonical form: the text the source's
+// type output function prints, which is lossless for every type (numeric
+// NaN, int8 beyond 2^53, infinity dates, arrays, ranges, composites, ...).
+// NULL, an unchanged TOAST value ([Unchanged]) and the empty string are three
+// different Values. A [Row] holds a row's Values in column order.
+//
+// A [Schema] lists [Table] descriptions: schema, name, [Column] names and
+// types, primary key, identity key and replica identity.
+//
+// # The JSONL format
+//
+// An [Encoder] writes, and a [Decoder] reads, a stream of JSON objects, one a
+// line (format "siphon.jsonl", version [FormatVersion]). Member "t" gives the
+// record type. A stream is a header, then table records, rows or changes, and
+// an end record:
+//
+//	{"t":"header","format":"siphon.jsonl","version":1,"kind":"snapshot","engine":"postgres","position":"0/16B3748","end":"0/16B9000","system_id":"7301234567890123456","timeline":1,"slot":"siphon","server_version":"15.18","created":"2026-11-30T05:00:00Z"}
+//	{"t":"table","schema":"public","name":"t","columns":[{"name":"id","type":"bigint","type_oid":20,"nullable":false},{"name":"body","type":"text","type_oid":25,"nullable":true}],"primary_key":["id"],"identity_key":["id"],"replica_identity":"default"}
+//	{"t":"row","schema":"public","table":"t","values":["1",null]}
+//	{"t":"begin","xid":745,"position":"0/16B3748","commit_time":"2026-11-30T05:00:00.123456Z"}
+//	{"t":"insert","schema":"public","table":"t","xid":745,"position":"0/16B3748","new":["1","hello"]}
+//	{"t":"update","schema":"public","table":"t","xid":745,"position":"0/16B3748","new":["1",null],"old":["1",null],"unchanged":["body"]}
+//	{"t":"delete","schema":"public","table":"t","xid":745,"position":"0/16B3748","old":["1",null]}
+//	{"t":"truncate","xid":745,"position":"0/16B3748","tables":[{"schema":"public","name":"t"}],"cascade":false,"restart_identity":false}
+//	{"t":"message","xid":745,"position":"0/16B3748","transactional":true,"prefix":"p","content":"aGVsbG8="}
+//	{"t":"commit","xid":745,"position":"0/16B3790","commit_time":"2026-11-30T05:00:00.123456Z"}
+//	{"t":"end","position":"0/16B3790","records":9}
+//
+// (A real stream holds either rows or changes, as its header's [Kind] says:
+// a snapshot holds rows; an incremental backup or a recorded change stream
+// holds changes.)
+//
+// The records:
+//
+//   - header: always the first line. "position" is where the stream starts
+//     (a snapshot's consistent point, or the Position an incremental
+//     continues from), "end" where it ends when known. A version other than
+//     1 is refused ([ErrUnsupportedVersion]). See [Header].
+//   - table: a table's columns, keys and replica identity. It comes before
+//     the first row or change of its table, and again whenever the columns
+//     sent with a change differ (like pgoutput's Relation message). Values
+//     are aligned with the latest table record of their table.
+//   - row: one snapshot row.
+//   - begin, insert, update, delete, truncate, message, commit: one [Change]
+//     each. Row changes, truncates and transactional messages come between a
+//     begin and its commit. A value is a JSON string (its text) or null;
+//     "unchanged" names the columns whose value is an unchanged TOAST value
+//     (their slot holds null), "old_unchanged" the same for "old". "old" is
+//     present when the change has old values. Message content is standard
+//     base64. Row changes take the commit time of their begin.
+//   - end: the last line of a complete stream. "position" is where the
+//     stream ends (the Position to resume from), "records" the number of
+//     records between header and end. A stream without it was cut short: the
+//     Decoder reports [ErrTruncated], which wraps [io.ErrUnexpectedEOF].
+//
+// Positions are strings in LSN notation; times are RFC 3339 strings in UTC;
+// xid, timeline, type_oid and records are JSON integers.
+//
+// # Guarantees
+//
+// Decoded text is byte-identical to the encoded text: every Unicode
+// character, the empty string, and NUL characters (written \u0000) round-trip.
+// Strings must be valid UTF-8: the Encoder refuses anything else with an
+// [*EncodeError] wrapping [ErrInvalidUTF8] rather than altering it, and the
+// Decoder refuses invalid UTF-8 and escaped lone surrogates likewise.
+// Identifiers may hold any character (quotes, spaces, upper case, Unicode).
+//
+// The Encoder refuses, without writing anything of it, any record the
+// Decoder would reject; the Decoder checks everything the Encoder writes
+// (structure, order, value counts, the end record's count) and reports
+// problems as a [*DecodeError] naming the line. Members a record does not
+// need are ignored, so later revisions of version 1 can add optional ones.
+//
+// The Encoder writes rows and changes without reflection and without
+// allocating; the Decoder allocates two or three objects per row or change
+// (the Row and one string holding its text).
+package canonical
