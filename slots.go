@@ -2,8 +2,17 @@ package siphon
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
+	mathrand "math/rand/v2"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -11,6 +20,182 @@ import (
 
 	"github.com/siphondb/siphon/canonical"
 )
+
+// Slot creation waits for every transaction that holds a transaction ID, so
+// it runs under a lock, with timeouts, retries and diagnostics:
+//
+//   - a dedicated session takes the slot-management advisory lock (per
+//     database, outside any transaction) for each attempt; sweeping takes it
+//     too, so concurrent creators end with one slot and no error;
+//   - each attempt opens a replication session with lock_timeout set and a
+//     client-side deadline, and samples pg_blocking_pids of its walsender
+//     while CREATE_REPLICATION_SLOT waits;
+//   - a blocked attempt logs its blockers at Warn, closes both sessions (and
+//     terminates the walsender, which would otherwise wait on with a
+//     half-made slot), sleeps a jittered delay and tries again until
+//     SlotRetry.MaxBlocked, then fails with a *SlotBlockedError;
+//   - a missing REPLICATION privilege and a full max_replication_slots are
+//     repaired once each.
+
+const (
+	// slotLockKey is the advisory lock key for slot management: "siphon" in
+	// ASCII followed by 0x0001.
+	slotLockKey int64 = 0x736970686f6e0001
+	// closeTimeout bounds closing sessions and cleaning up after a failure.
+	closeTimeout = 2 * time.Second
+	// clientGrace is how long past lock_timeout the client waits before it
+	// gives up on an attempt itself (a wait the server does not count as a
+	// lock wait, or a network that went silent).
+	clientGrace = 5 * time.Second
+	// snapshotSlotPrefix starts temporary snapshot slot names; the "snap_"
+	// part can never match baseSlotPattern, so sweeping never sees them.
+	snapshotSlotPrefix = "siphon_snap_"
+)
+
+// baseSlotPattern matches the physical slots CreateBaseSlot makes:
+// "siphon_" and a lowercase ULID. Only these are ever swept.
+var baseSlotPattern = regexp.MustCompile(`^siphon_[0-9a-hjkmnp-tv-z]{26}$`)
+
+// SQLSTATE codes siphon acts on.
+const (
+	codeLockNotAvailable    = "55P03"
+	codeQueryCanceled       = "57014"
+	codeInsufficientPriv    = "42501"
+	codeConfigLimitExceeded = "53400"
+	codeTooManyConnections  = "53300"
+	codeDuplicateObject     = "42710"
+	codeUniqueViolation     = "23505"
+	codeUndefinedObject     = "42704"
+	codeObjectInUse         = "55006"
+)
+
+// SlotBlockedError reports that creating a replication slot waited longer
+// than [SlotRetry].MaxBlocked for transactions to end. Siphon returns it
+// wrapped with the operation and slot name; use errors.As.
+type SlotBlockedError struct {
+	Slot     string        // the slot that could not be created
+	Waited   time.Duration // from the first attempt to giving up
+	Attempts int           // attempts made
+	// Blockers are the sessions the latest attempts waited for: transactions
+	// holding a transaction ID, or another siphon session holding the
+	// slot-management lock. Empty when none was caught waiting.
+	Blockers []Blocker
+}
+
+func (e *SlotBlockedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "blocked for %v (%d attempts)", e.Waited.Round(time.Millisecond), e.Attempts)
+	for i, bl := range e.Blockers {
+		b.WriteString(listSep(i, " by "))
+		b.WriteString(bl.String())
+	}
+	b.WriteString(": creating a logical slot waits for every transaction that holds a transaction ID;" +
+		" commit or roll back those transactions (pg_terminate_backend(pid) ends a session," +
+		" COMMIT PREPARED or ROLLBACK PREPARED a prepared one), or allow a longer wait with WithSlotRetry")
+	return b.String()
+}
+
+// Blocker is a session that held up slot creation, as pg_stat_activity
+// showed it.
+type Blocker struct {
+	PID              int    // the session's process ID; 0 for a prepared transaction
+	XID              uint32 // the transaction ID it holds; 0 when it holds none
+	XIDAge           int64  // transactions assigned since XID
+	State            string // "active", "idle in transaction", ... or "prepared"
+	Database         string
+	User             string
+	Application      string
+	TransactionStart time.Time // zero when unknown
+	QueryStart       time.Time // zero when unknown
+	// Query is the session's current or last statement, cut to 200
+	// characters; PREPARE TRANSACTION 'gid' for a prepared transaction.
+	Query string
+}
+
+func (b Blocker) String() string {
+	who := "pid " + strconv.Itoa(b.PID)
+	if b.PID == 0 {
+		who = "a prepared transaction"
+	}
+	s := fmt.Sprintf("%s (xid %d, age %d, %s", who, b.XID, b.XIDAge, b.State)
+	if !b.TransactionStart.IsZero() {
+		s += " since " + b.TransactionStart.UTC().Format(time.RFC3339)
+	}
+	return s + fmt.Sprintf(", application %q, database %q, user %q): %q", b.Application, b.Database, b.User, b.Query)
+}
+
+// LogValue implements [slog.LogValuer].
+func (b Blocker) LogValue() slog.Value {
+	return slog.GroupValue(slog.Int("pid", b.PID), slog.Any("xid", b.XID), slog.Int64("xid_age", b.XIDAge),
+		slog.String("state", b.State), slog.String("application", b.Application), slog.String("database", b.Database),
+		slog.String("user", b.User), slog.Time("xact_start", b.TransactionStart),
+		slog.Time("query_start", b.QueryStart), slog.String("query", b.Query))
+}
+
+// blockerList logs as one group per blocker.
+type blockerList []Blocker
+
+func (l blockerList) LogValue() slog.Value {
+	attrs := make([]slog.Attr, len(l))
+	for i, b := range l {
+		attrs[i] = slog.Any(strconv.Itoa(i+1), b)
+	}
+	return slog.GroupValue(attrs...)
+}
+
+// attemptBlocked is one attempt that gave up waiting: for transactions
+// (cause is the lock timeout or client deadline) or, with a nil cause, for
+// the slot-management lock.
+type attemptBlocked struct {
+	blockers []Blocker
+	cause    error
+}
+
+func (e *attemptBlocked) Error() string {
+	msg := "gave up waiting for the slot-management lock"
+	if e.cause != nil {
+		msg = "blocked: " + e.cause.Error()
+	}
+	for i, b := range e.blockers {
+		msg += listSep(i, ", by ") + b.String()
+	}
+	return msg
+}
+
+func (e *attemptBlocked) Unwrap() error { return e.cause }
+
+// listSep returns first before a list's first item and "; " before the others.
+func listSep(i int, first string) string {
+	if i == 0 {
+		return first
+	}
+	return "; "
+}
+
+// slotSpec says which slot to create.
+type slotSpec struct {
+	name   string
+	export bool // a temporary slot exporting a snapshot, its session kept open
+}
+
+func (s slotSpec) command() string {
+	if s.export {
+		return "CREATE_REPLICATION_SLOT " + quoteIdent(s.name) + " TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
+	}
+	return "CREATE_REPLICATION_SLOT " + quoteIdent(s.name) + " LOGICAL pgoutput (SNAPSHOT 'nothing')"
+}
+
+// createdSlot is what createSlot made, or found.
+type createdSlot struct {
+	existed  bool // another creator made it first
+	point    canonical.Position
+	snapshot string
+	repl     *pgconn.PgConn // the open session of an exporting slot
+	attempts int
+}
+
+// repairs remembers the self-repairs already tried: each runs once.
+type repairs struct{ privilege, slots bool }
 
 // slotCreated says what ensureSlot found or made.
 type slotCreated struct {
@@ -24,67 +209,413 @@ type slotCreated struct {
 // ensureSlot makes sure the publication and then the persistent logical
 // slot exist (in that order: pgoutput reads publications through the
 // historic catalog, so a publication created after the slot misses changes).
+// A slot of that name that is not a pgoutput slot of this database is an
+// error.
 func (c *Conn) ensureSlot(ctx context.Context) (slotCreated, error) {
 	if err := c.ensurePublication(ctx); err != nil {
 		return slotCreated{}, err
 	}
-	var exists bool
-	if err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", c.opts.slot).Scan(&exists); err != nil {
-		return slotCreated{}, fmt.Errorf("siphon: look up slot %q: %w", c.opts.slot, err)
+	exists, err := checkSlot(ctx, c.pool, c.opts.slot)
+	if err != nil || exists {
+		return slotCreated{}, wrapSlotErr("create slot", c.opts.slot, err)
 	}
-	if exists {
+	s, err := c.createSlot(ctx, slotSpec{name: c.opts.slot})
+	if err != nil {
+		return slotCreated{}, wrapSlotErr("create slot", c.opts.slot, err)
+	}
+	if s.existed {
 		return slotCreated{}, nil
 	}
-	repl, err := c.newReplicationSession(ctx)
-	if err != nil {
-		return slotCreated{}, fmt.Errorf("siphon: create slot %q: %w", c.opts.slot, err)
-	}
-	defer repl.Close(context.Background())
-	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, c.opts.slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOSNAPSHOT"})
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by another session
-			return slotCreated{}, nil
-		}
-		return slotCreated{}, fmt.Errorf("siphon: create slot %q: %w", c.opts.slot, err)
-	}
-	pos, err := canonical.ParsePosition(res.ConsistentPoint)
-	if err != nil {
-		return slotCreated{}, fmt.Errorf("siphon: create slot %q: %w", c.opts.slot, err)
-	}
-	c.log.Info("replication slot created", "slot", c.opts.slot, "consistent_point", pos)
-	return slotCreated{Created: true, ConsistentPoint: pos}, nil
+	c.log.Info("replication slot created", "slot", c.opts.slot, "consistent_point", s.point, "attempts", s.attempts)
+	return slotCreated{Created: true, ConsistentPoint: s.point}, nil
 }
 
-// ensurePublication creates the publication when it is missing: FOR ALL
-// TABLES, or for the WithTables set.
-func (c *Conn) ensurePublication(ctx context.Context) error {
-	var exists bool
-	if err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)", c.opts.publication).Scan(&exists); err != nil {
-		return fmt.Errorf("siphon: look up publication %q: %w", c.opts.publication, err)
+// snapshotSlot is a temporary logical slot whose replication session stays
+// open and idle for the life of the snapshot it exported: the snapshot is
+// valid only until that session runs another command or closes.
+type snapshotSlot struct {
+	Name            string             // siphon_snap_<random>
+	SnapshotName    string             // for SET TRANSACTION SNAPSHOT and pg_dump --snapshot
+	ConsistentPoint canonical.Position // rows in the snapshot are those committed at or before it
+
+	c         *Conn
+	repl      *pgconn.PgConn
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// createSnapshotSlot makes sure the persistent slot exists (so streaming
+// from the snapshot's consistent point continues with no gap), then creates
+// a temporary slot exporting a snapshot, with the same lock, timeouts and
+// retries. The caller must Close it.
+func (c *Conn) createSnapshotSlot(ctx context.Context) (*snapshotSlot, error) {
+	if _, err := c.ensureSlot(ctx); err != nil {
+		return nil, err
 	}
-	if exists {
+	var suffix [8]byte
+	rand.Read(suffix[:])
+	name := snapshotSlotPrefix + hex.EncodeToString(suffix[:])
+	s, err := c.createSlot(ctx, slotSpec{name: name, export: true})
+	if err != nil {
+		return nil, wrapSlotErr("create snapshot slot", name, err)
+	}
+	c.log.Info("snapshot slot created", "slot", name, "snapshot", s.snapshot, "consistent_point", s.point, "attempts", s.attempts)
+	return &snapshotSlot{Name: name, SnapshotName: s.snapshot, ConsistentPoint: s.point, c: c, repl: s.repl}, nil
+}
+
+// Close closes the slot's replication session, which drops the temporary
+// slot and ends the exported snapshot, and waits until the server has let
+// go of it. It is safe to call more than once.
+func (s *snapshotSlot) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		// Cleaning up must happen even when the snapshot ended because ctx did.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		pid := s.repl.PID()
+		if err := closeConn(ctx, s.repl); err != nil {
+			s.closeErr = fmt.Errorf("siphon: close snapshot slot %q: %w", s.Name, err)
+		}
+		endWalsender(ctx, s.c.pool, pid)
+	})
+	return s.closeErr
+}
+
+// createSlot creates the slot spec names: one attempt after another until
+// one succeeds, fails for a reason waiting cannot cure, or MaxBlocked has
+// passed.
+func (c *Conn) createSlot(ctx context.Context, spec slotSpec) (*createdSlot, error) {
+	r := c.opts.slotRetry
+	floor := min(r.LockTimeout, 100*time.Millisecond) // the shortest attempt worth making
+	start := time.Now()
+	deadline := start.Add(r.MaxBlocked)
+	var rep repairs
+	var blockers []Blocker
+	for attempt := 1; ; attempt++ {
+		s, err := c.attemptSlot(ctx, spec, deadline, floor, &rep)
+		var blocked *attemptBlocked
+		if !errors.As(err, &blocked) {
+			if s != nil {
+				s.attempts = attempt
+			}
+			return s, err
+		}
+		if len(blocked.blockers) > 0 {
+			blockers = blocked.blockers
+		}
+		giveUp := &SlotBlockedError{Slot: spec.name, Waited: time.Since(start), Attempts: attempt, Blockers: blockers}
+		remaining := time.Until(deadline)
+		switch {
+		case ctx.Err() != nil: // the caller stopped waiting: still say who blocked
+			return nil, fmt.Errorf("%w, %w", ctx.Err(), giveUp)
+		case remaining < floor:
+			return nil, giveUp
+		}
+		wait := min(jitter(r.RetryDelay), remaining-floor)
+		c.log.Warn("replication slot creation blocked, retrying", "slot", spec.name, "attempt", attempt,
+			"waited", time.Since(start).Round(time.Millisecond), "retry_in", wait.Round(time.Millisecond),
+			"blockers", blockerList(blocked.blockers))
+		if err := sleepCtx(ctx, wait); err != nil {
+			return nil, fmt.Errorf("%w, %w", err, giveUp)
+		}
+	}
+}
+
+// attemptSlot makes one attempt under the slot-management lock, repairing
+// a missing privilege or a full slot table once each.
+func (c *Conn) attemptSlot(ctx context.Context, spec slotSpec, deadline time.Time, floor time.Duration, rep *repairs) (*createdSlot, error) {
+	lock, err := c.lockSlots(ctx, deadline)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.release()
+	if !spec.export {
+		if exists, err := checkSlot(ctx, lock.conn, spec.name); err != nil || exists {
+			return &createdSlot{existed: exists}, err
+		}
+	}
+	for {
+		s, err := c.createOnce(ctx, lock, spec, deadline, floor)
+		if err == nil {
+			return s, nil
+		}
+		if !spec.export && isCode(err, codeDuplicateObject) { // made meanwhile from another database
+			exists, err := checkSlot(ctx, lock.conn, spec.name)
+			return &createdSlot{existed: exists}, err
+		}
+		retry, err := c.repair(ctx, lock, err, rep)
+		if !retry {
+			return nil, err
+		}
+	}
+}
+
+// createOnce runs CREATE_REPLICATION_SLOT on a new replication session with
+// lock_timeout (LockTimeout, or what is left before deadline, at least
+// floor) and a client-side deadline. On failure nothing is left: the
+// session is closed and its walsender ended.
+func (c *Conn) createOnce(ctx context.Context, lock *slotLock, spec slotSpec, deadline time.Time, floor time.Duration) (*createdSlot, error) {
+	started := time.Now()
+	repl, err := c.newReplicationSession(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lockTimeout := max(min(c.opts.slotRetry.LockTimeout, time.Until(deadline)), floor)
+	res, blockers, err := c.runCreate(ctx, lock, repl, spec, lockTimeout)
+	if err == nil {
+		return finishCreate(repl, spec, res)
+	}
+	discard(lock, repl)
+	switch {
+	case ctx.Err() != nil && len(blockers) == 0:
+		return nil, ctx.Err()
+	case ctx.Err() != nil:
+		return nil, &attemptBlocked{blockers: blockers, cause: ctx.Err()}
+	case isCode(err, codeLockNotAvailable, codeQueryCanceled) || errors.Is(err, errNoAnswer):
+		if len(blockers) == 0 { // the wait was not caught: name every older transaction
+			blockers, _ = lock.query(olderTransactionsQuery, started)
+		}
+		return nil, &attemptBlocked{blockers: blockers, cause: err}
+	}
+	return nil, err
+}
+
+// errNoAnswer is an attempt the client gave up on: no answer clientGrace
+// past lock_timeout.
+var errNoAnswer = errors.New("no answer from the server within lock_timeout")
+
+// runCreate sends the command and, while it waits, asks the lock session
+// who blocks the walsender. The command runs on a context of its own, so
+// that when ctx ends the walsender is asked once more before pgconn
+// cancels it.
+func (c *Conn) runCreate(ctx context.Context, lock *slotLock, repl *pgconn.PgConn, spec slotSpec,
+	lockTimeout time.Duration) (pglogrepl.CreateReplicationSlotResult, []Blocker, error) {
+	var none pglogrepl.CreateReplicationSlotResult
+	set := "SET lock_timeout = " + strconv.FormatInt(lockTimeout.Milliseconds(), 10)
+	if spec.export { // the session idles for the snapshot's whole life
+		set += "; SET idle_session_timeout = 0"
+	}
+	if _, err := repl.Exec(ctx, set).ReadAll(); err != nil {
+		return none, nil, fmt.Errorf("set lock_timeout: %w", err)
+	}
+	cmdCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lockTimeout+clientGrace)
+	defer cancel()
+	type outcome struct {
+		res pglogrepl.CreateReplicationSlotResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := pglogrepl.ParseCreateReplicationSlot(repl.Exec(cmdCtx, spec.command()))
+		done <- outcome{res, err}
+	}()
+	tick := time.NewTicker(min(max(lockTimeout/4, 10*time.Millisecond), 500*time.Millisecond))
+	defer tick.Stop()
+	var blockers []Blocker
+	sample := func() {
+		if b, err := lock.blockersOf(repl.PID()); err == nil && len(b) > 0 {
+			blockers = b
+		}
+	}
+	for {
+		select {
+		case o := <-done:
+			if o.err != nil && cmdCtx.Err() != nil {
+				sample() // the walsender may wait on after its client gave up
+				return none, blockers, fmt.Errorf("%w (%w)", errNoAnswer, o.err)
+			}
+			return o.res, blockers, o.err
+		case <-ctx.Done():
+			sample()
+			cancel()
+			o := <-done
+			return none, blockers, o.err
+		case <-tick.C:
+			sample()
+		}
+	}
+}
+
+// finishCreate parses the result and closes the session, unless it must
+// stay open to keep an exported snapshot alive.
+func finishCreate(repl *pgconn.PgConn, spec slotSpec, res pglogrepl.CreateReplicationSlotResult) (*createdSlot, error) {
+	pos, err := canonical.ParsePosition(res.ConsistentPoint)
+	if err != nil || !spec.export {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		closeConn(ctx, repl)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consistent point: %w", err)
+	}
+	s := &createdSlot{point: pos, snapshot: res.SnapshotName}
+	if spec.export {
+		s.repl = repl
+	}
+	return s, nil
+}
+
+// discard closes a failed attempt's replication session and ends its
+// walsender: one whose client went away keeps waiting, with its half-made
+// slot, until the transactions it waits for end.
+func discard(lock *slotLock, repl *pgconn.PgConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	pid := repl.PID()
+	closeConn(ctx, repl)
+	endWalsender(ctx, lock.conn, pid)
+}
+
+// closeConn closes conn and waits (as long as ctx allows) until pgconn has
+// finished with it: after a cancelled command pgconn sends a cancel request
+// and closes the socket from a goroutine of its own.
+func closeConn(ctx context.Context, conn *pgconn.PgConn) error {
+	err := conn.Close(ctx)
+	select {
+	case <-conn.CleanupDone():
+	case <-ctx.Done():
+	}
+	return err
+}
+
+// endWalsender waits until the walsender pid is gone, its temporary or
+// half-made slot with it (a backend leaves pg_stat_activity after it has
+// released its slot). One whose client closed exits within milliseconds;
+// one still running a command is terminated.
+func endWalsender(ctx context.Context, q querier, pid uint32) {
+	const alive = `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND backend_type = 'walsender')`
+	terminated := false
+	started := time.Now()
+	for pause := time.Millisecond; time.Since(started) < closeTimeout; pause = min(2*pause, 20*time.Millisecond) {
+		var there bool
+		if err := q.QueryRow(ctx, alive, int64(pid)).Scan(&there); err != nil || !there {
+			return
+		}
+		if !terminated && time.Since(started) > 20*time.Millisecond {
+			q.Exec(ctx, "SELECT pg_terminate_backend($1)", int64(pid))
+			terminated = true
+		}
+		if sleepCtx(ctx, pause) != nil {
+			return
+		}
+	}
+}
+
+// repair fixes what err reports, once per kind: a missing REPLICATION
+// privilege, or max_replication_slots reached. It reports whether to try
+// again, or the error to return.
+func (c *Conn) repair(ctx context.Context, lock *slotLock, err error, rep *repairs) (bool, error) {
+	switch {
+	case isCode(err, codeInsufficientPriv):
+		if rep.privilege {
+			return false, c.noReplicationError(err, nil)
+		}
+		rep.privilege = true
+		if _, alterErr := lock.conn.Exec(ctx, "ALTER ROLE CURRENT_USER WITH REPLICATION"); alterErr != nil {
+			return false, c.noReplicationError(err, alterErr)
+		}
+		c.log.Warn("granted the REPLICATION privilege to siphon's role", "role", c.config.User)
+		return true, nil
+	case isCode(err, codeConfigLimitExceeded):
+		if !rep.slots {
+			rep.slots = true
+			dropped, sweepErr := sweepLocked(ctx, lock.conn, c.opts.slot)
+			if sweepErr != nil {
+				return false, fmt.Errorf("%w (dropping orphan slots to make room failed: %w)", err, sweepErr)
+			}
+			if len(dropped) > 0 {
+				c.log.Warn("all replication slots were in use: dropped orphan slots", "dropped", dropped)
+				return true, nil
+			}
+		}
+		var limit string
+		lock.conn.QueryRow(ctx, "SELECT current_setting('max_replication_slots')").Scan(&limit)
+		return false, fmt.Errorf("all replication slots are in use (max_replication_slots = %s) and siphon has no orphan slot to drop:"+
+			" raise max_replication_slots (takes a server restart) or drop unused slots (see pg_replication_slots): %w", limit, err)
+	case isCode(err, codeTooManyConnections):
+		return false, fmt.Errorf("no free WAL sender or connection: raise max_wal_senders (or max_connections), or end idle replication sessions: %w", err)
+	}
+	return false, err
+}
+
+func (c *Conn) noReplicationError(err, alterErr error) error {
+	msg := fmt.Sprintf("role %q lacks the REPLICATION privilege", c.config.User)
+	if alterErr != nil {
+		msg += fmt.Sprintf(" and could not grant it to itself (%v)", alterErr)
+	}
+	return fmt.Errorf("%s: have a superuser run ALTER ROLE %s WITH REPLICATION: %w", msg, quoteIdent(c.config.User), err)
+}
+
+// checkSlot reports whether the persistent slot exists; a slot of that name
+// that siphon cannot stream from is an error.
+func checkSlot(ctx context.Context, q querier, name string) (bool, error) {
+	var typ, plugin, database string
+	var temporary, here bool
+	err := q.QueryRow(ctx, `SELECT slot_type, coalesce(plugin, ''), coalesce(database, ''), temporary,
+		coalesce(database = current_database(), false) FROM pg_replication_slots WHERE slot_name = $1`, name).
+		Scan(&typ, &plugin, &database, &temporary, &here)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("look up slot: %w", err)
+	}
+	var problem string
+	switch {
+	case typ != "logical":
+		problem = "is a physical slot"
+	case !here:
+		problem = fmt.Sprintf("belongs to database %q", database)
+	case plugin != "pgoutput":
+		problem = fmt.Sprintf("uses output plugin %q, not pgoutput", plugin)
+	case temporary:
+		problem = "is a temporary slot of another session"
+	default:
+		return true, nil
+	}
+	return false, fmt.Errorf("a slot of that name exists but %s: name another slot with WithSlot, or drop that one if it is unused", problem)
+}
+
+// querier is what *pgx.Conn and *pgxpool.Pool have in common.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func isCode(err error, codes ...string) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	for _, code := range codes {
+		if pgErr.Code == code {
+			return true
+		}
+	}
+	return false
+}
+
+func wrapSlotErr(op, slot string, err error) error {
+	if err == nil {
 		return nil
 	}
-	stmt := "CREATE PUBLICATION " + quoteIdent(c.opts.publication) + " FOR ALL TABLES"
-	if len(c.tables) > 0 {
-		stmt = "CREATE PUBLICATION " + quoteIdent(c.opts.publication) + " FOR TABLE "
-		for i, t := range c.tables {
-			if i > 0 {
-				stmt += ", "
-			}
-			stmt += quoteTable(t)
-		}
+	return fmt.Errorf("siphon: %s %q: %w", op, slot, err)
+}
+
+// jitter returns d times a random factor between 1 and 5.
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration(mathrand.Float64()*4*float64(d))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
-	if _, err := c.pool.Exec(ctx, stmt); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile
-			return nil
-		}
-		return fmt.Errorf("siphon: create publication %q: %w", c.opts.publication, err)
-	}
-	return nil
 }
 
 // quoteIdent quotes a SQL identifier, always.
@@ -92,3 +623,135 @@ func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
 
 // quoteTable quotes a schema-qualified table name.
 func quoteTable(t canonical.TableName) string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// slotLock is a dedicated session holding the slot-management advisory
+// lock, at session level: outside any transaction, so that
+// idle_in_transaction_session_timeout cannot end it.
+type slotLock struct {
+	conn *pgx.Conn
+	held bool
+}
+
+// lockSlots opens a session and takes the lock, trying until deadline (no
+// server-side wait is left behind when ctx ends). Past the deadline it
+// returns an *attemptBlocked naming the holder.
+func (c *Conn) lockSlots(ctx context.Context, deadline time.Time) (*slotLock, error) {
+	conn, err := c.newSession(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l := &slotLock{conn: conn}
+	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", slotLockKey).Scan(&l.held); err != nil {
+			l.release()
+			return nil, fmt.Errorf("take the slot-management lock: %w", err)
+		}
+		if l.held {
+			return l, nil
+		}
+		if time.Until(deadline) < pause {
+			holders, _ := l.query(lockHoldersQuery, slotLockKey)
+			l.release()
+			return nil, &attemptBlocked{blockers: holders}
+		}
+		if err := sleepCtx(ctx, jitter(pause/2)); err != nil {
+			l.release()
+			return nil, err
+		}
+	}
+}
+
+// release unlocks and closes the session, on a context of its own so that
+// it runs even when the caller's has ended. Ending the session would
+// release the lock anyway.
+func (l *slotLock) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	if l.held {
+		l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", slotLockKey)
+		l.held = false
+	}
+	l.conn.Close(ctx)
+	select { // a query cancelled by ctx leaves pgconn cleaning up on its own
+	case <-l.conn.PgConn().CleanupDone():
+	case <-ctx.Done():
+	}
+}
+
+// blockersOf lists the sessions (and prepared transactions) that the
+// walsender pid waits for.
+func (l *slotLock) blockersOf(pid uint32) ([]Blocker, error) {
+	return l.query(blockersQuery, int64(pid))
+}
+
+// query runs a blocker query on a short context of its own: an attempt
+// that times out must not break the lock session mid-query.
+func (l *slotLock) query(sql string, arg any) ([]Blocker, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	rows, err := l.conn.Query(ctx, sql, arg)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Blocker
+	for rows.Next() {
+		var b Blocker
+		var xid, age *int64
+		var xactStart, queryStart *time.Time
+		if err := rows.Scan(&b.PID, &xid, &age, &b.State, &b.Database, &b.User, &b.Application,
+			&xactStart, &queryStart, &b.Query); err != nil {
+			return nil, err
+		}
+		if xid != nil && age != nil {
+			b.XID, b.XIDAge = uint32(*xid), *age
+		}
+		if xactStart != nil {
+			b.TransactionStart = *xactStart
+		}
+		if queryStart != nil {
+			b.QueryStart = *queryStart
+		}
+		out = append(out, b)
+	}
+	return out, rows.Err()
+}
+
+const blockerColumns = `a.pid, a.backend_xid::text::int8, age(a.backend_xid)::int8, coalesce(a.state, '')::text,
+	coalesce(a.datname, '')::text, coalesce(a.usename, '')::text, coalesce(a.application_name, '')::text,
+	a.xact_start, a.query_start, left(coalesce(a.query, ''), 200)::text`
+
+// blockersQuery lists who the walsender $1 waits for. A prepared
+// transaction shows as pid 0 in pg_blocking_pids; the transaction ID the
+// walsender waits on (pg_locks) finds it in pg_prepared_xacts.
+const blockersQuery = `
+SELECT ` + blockerColumns + `
+FROM pg_stat_activity a WHERE a.pid = ANY (pg_blocking_pids($1))
+UNION ALL
+SELECT 0, p.transaction::text::int8, age(p.transaction)::int8, 'prepared', p.database::text, p.owner::text, '',
+       p.prepared, p.prepared, left('PREPARE TRANSACTION ' || quote_literal(p.gid), 200)
+FROM pg_prepared_xacts p
+WHERE p.transaction IN (SELECT transactionid FROM pg_locks
+                        WHERE pid = $1 AND locktype = 'transactionid' AND NOT granted)
+ORDER BY 1`
+
+// olderTransactionsQuery lists the transactions holding an xid since
+// before $1: those a slot creation started at $1 waits for.
+const olderTransactionsQuery = `
+SELECT ` + blockerColumns + `
+FROM pg_stat_activity a WHERE a.backend_xid IS NOT NULL AND a.xact_start < $1 AND a.pid <> pg_backend_pid()
+UNION ALL
+SELECT 0, p.transaction::text::int8, age(p.transaction)::int8, 'prepared', p.database::text, p.owner::text, '',
+       p.prepared, p.prepared, left('PREPARE TRANSACTION ' || quote_literal(p.gid), 200)
+FROM pg_prepared_xacts p WHERE p.prepared < $1
+ORDER BY 1`
+
+// lockHoldersQuery lists the sessions holding the slot-management lock $1.
+const lockHoldersQuery = `
+SELECT ` + blockerColumns + `
+FROM pg_stat_activity a
+WHERE a.pid <> pg_backend_pid() AND a.pid IN (
+	SELECT l.pid FROM pg_locks l
+	WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND ((l.classid::int8 << 32) | l.objid::int8) = $1)`

@@ -1,0 +1,321 @@
+package siphon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// Slots that pin WAL: physical base slots, dropping, sweeping orphans, and
+// the health listing users alert on. Creation of logical slots is in
+// slots.go.
+
+// IncrementalBaseInfo describes the physical slot that pins WAL from the
+// start of a base backup, and the WAL range the base covers.
+type IncrementalBaseInfo struct {
+	// Slot is the physical slot, "siphon_" and a lowercase ULID.
+	Slot string `json:"slot"`
+	// WALStart is where the slot started reserving WAL.
+	WALStart canonical.Position `json:"wal_start"`
+	// WALEnd is the server's WAL insert position when [Conn.CaptureBaseEnd]
+	// ran, past every transaction committed before; zero until then.
+	WALEnd canonical.Position `json:"wal_end,omitzero"`
+}
+
+// CreateBaseSlot creates a physical replication slot named "siphon_" and a
+// lowercase ULID that reserves WAL at once, and returns it with WALStart
+// set. The slot pins WAL until [Conn.DropSlot] drops it; while it is
+// inactive, [Conn.SweepOrphanSlots] counts it as an orphan. A missing
+// REPLICATION privilege or a full max_replication_slots is repaired once,
+// as for logical slots.
+func (c *Conn) CreateBaseSlot(ctx context.Context) (*IncrementalBaseInfo, error) {
+	name := "siphon_" + newULID(time.Now())
+	start := time.Now()
+	lock, err := c.lockSlots(ctx, start.Add(c.opts.slotRetry.MaxBlocked))
+	if err != nil {
+		return nil, wrapSlotErr("create base slot", name, asSlotBlocked(err, name, start))
+	}
+	defer lock.release()
+	var rep repairs
+	for {
+		var lsn string
+		err := lock.conn.QueryRow(ctx, "SELECT lsn::text FROM pg_create_physical_replication_slot($1, true)", name).Scan(&lsn)
+		if err == nil {
+			pos, err := canonical.ParsePosition(lsn)
+			if err != nil {
+				return nil, wrapSlotErr("create base slot", name, err)
+			}
+			c.log.Info("base slot created", "slot", name, "wal_start", pos)
+			return &IncrementalBaseInfo{Slot: name, WALStart: pos}, nil
+		}
+		if retry, err := c.repair(ctx, lock, err, &rep); !retry {
+			return nil, wrapSlotErr("create base slot", name, err)
+		}
+	}
+}
+
+// CaptureBaseEnd records the server's current WAL insert position in
+// info.WALEnd (not pg_current_wal_lsn, the write position, which lags
+// commits under synchronous_commit=off), after checking that the base slot still exists and still
+// reserves the WAL from info.WALStart on. A slot that is gone or lost its
+// WAL means the base cannot be continued: take a new one.
+func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) error {
+	if info == nil {
+		return errors.New("siphon: capture base end: info is nil: pass what CreateBaseSlot returned")
+	}
+	var restart, status, current string
+	err := c.pool.QueryRow(ctx, `SELECT coalesce(restart_lsn::text, ''), coalesce(wal_status, ''), pg_current_wal_insert_lsn()::text
+		FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'`, info.Slot).Scan(&restart, &status, &current)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("siphon: capture base end of slot %q: the slot is gone (dropped or swept), so WAL since %v may be recycled: take a new base backup", info.Slot, info.WALStart)
+	}
+	if err != nil {
+		return fmt.Errorf("siphon: capture base end of slot %q: %w", info.Slot, err)
+	}
+	restartPos, err := canonical.ParsePosition(restart)
+	if status == "lost" || err != nil || restartPos > info.WALStart {
+		return fmt.Errorf("siphon: capture base end of slot %q: the slot no longer reserves WAL from %v (restart %q, wal_status %q): take a new base backup", info.Slot, info.WALStart, restart, status)
+	}
+	end, err := canonical.ParsePosition(current)
+	if err != nil {
+		return fmt.Errorf("siphon: capture base end of slot %q: %w", info.Slot, err)
+	}
+	info.WALEnd = end
+	c.log.Info("base end captured", "slot", info.Slot, "wal_start", info.WALStart, "wal_end", end)
+	return nil
+}
+
+// DropSlot drops the replication slot name. A slot that does not exist is
+// not an error; one in use by a session returns an error wrapping
+// [ErrSlotInUse].
+func (c *Conn) DropSlot(ctx context.Context, name string) error {
+	if !slotNamePattern.MatchString(name) {
+		return fmt.Errorf("siphon: drop slot %q: not a slot siphon names: use 1 to 63 characters of a-z, 0-9 and _", name)
+	}
+	_, err := c.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", name)
+	switch {
+	case err == nil:
+		c.log.Info("replication slot dropped", "slot", name)
+		return nil
+	case isCode(err, codeUndefinedObject):
+		return nil
+	case isCode(err, codeObjectInUse):
+		return fmt.Errorf("siphon: drop slot %q: %w (%v): stop the session that uses it first", name, ErrSlotInUse, err)
+	}
+	return fmt.Errorf("siphon: drop slot %q: %w", name, err)
+}
+
+// SweepOrphanSlots drops siphon's orphan base slots: inactive,
+// non-temporary physical slots named "siphon_" and a ULID. It never drops
+// the persistent change-stream slot, temporary snapshot slots, or slots of
+// any other name, and skips a slot that became active after the scan. It
+// holds the slot-management lock, so it does not race slot creation, and
+// returns how many slots it dropped.
+func (c *Conn) SweepOrphanSlots(ctx context.Context) (int, error) {
+	lock, err := c.lockSlots(ctx, time.Now().Add(c.opts.slotRetry.MaxBlocked))
+	if err != nil {
+		return 0, fmt.Errorf("siphon: sweep orphan slots: %w", err)
+	}
+	defer lock.release()
+	dropped, err := sweepLocked(ctx, lock.conn, c.opts.slot)
+	if len(dropped) > 0 {
+		c.log.Info("orphan slots swept", "dropped", dropped)
+	}
+	if err != nil {
+		return len(dropped), fmt.Errorf("siphon: sweep orphan slots: %w", err)
+	}
+	return len(dropped), nil
+}
+
+// sweepLocked drops the orphan base slots; the caller holds the lock.
+func sweepLocked(ctx context.Context, q querier, cdcSlot string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
+		WHERE slot_type = 'physical' AND NOT active AND NOT temporary AND slot_name ~ $1 AND slot_name <> $2
+		ORDER BY slot_name`, baseSlotPattern.String(), cdcSlot)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		names = append(names, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return dropOrphans(ctx, q, names)
+}
+
+// dropOrphans drops the named slots, skipping any that became active (or
+// went away) since they were listed.
+func dropOrphans(ctx context.Context, q querier, names []string) ([]string, error) {
+	var dropped []string
+	for _, name := range names {
+		_, err := q.Exec(ctx, "SELECT pg_drop_replication_slot($1)", name)
+		switch {
+		case err == nil:
+			dropped = append(dropped, name)
+		case isCode(err, codeObjectInUse, codeUndefinedObject):
+		default:
+			return dropped, fmt.Errorf("drop slot %q: %w", name, err)
+		}
+	}
+	return dropped, nil
+}
+
+// SlotKind says what siphon uses a slot for.
+type SlotKind string
+
+// Kinds of siphon slots.
+const (
+	SlotChangeStream SlotKind = "change_stream" // the persistent logical slot named by WithSlot
+	SlotBase         SlotKind = "base"          // a physical slot from CreateBaseSlot
+	SlotSnapshot     SlotKind = "snapshot"      // a temporary slot held open for a snapshot
+)
+
+// SlotInfo describes one of siphon's replication slots, for monitoring: a
+// slot that is not consumed keeps WAL on the server's disk.
+type SlotInfo struct {
+	Name      string
+	Kind      SlotKind
+	Active    bool // a session uses it now
+	ActivePID int  // that session's process ID, or 0
+	Temporary bool
+	// RestartPosition is the oldest WAL position the slot keeps.
+	RestartPosition canonical.Position
+	// ConfirmedPosition is how far the consumer acknowledged (logical
+	// slots only; zero for physical ones).
+	ConfirmedPosition canonical.Position
+	// WALStatus is pg_replication_slots.wal_status: "reserved", "extended",
+	// "unreserved" (about to lose WAL), or "lost" (the slot is unusable).
+	WALStatus string
+	// RetainedBytes is how much WAL the slot holds back: the server's WAL
+	// insert position minus RestartPosition.
+	RetainedBytes int64
+	// SafeBytes is how much more WAL can be written before the slot risks
+	// "lost" under max_slot_wal_keep_size; -1 when that setting is off.
+	SafeBytes int64
+	// CreatedAt is when a base slot was created (from its name); zero for
+	// other kinds.
+	CreatedAt time.Time
+}
+
+// Slots lists siphon's replication slots: the change-stream slot of this
+// database, snapshot slots of this database, and base slots (physical, so
+// server-wide), in name order. Alert on WALStatus and RetainedBytes before
+// a slot fills the disk.
+func (c *Conn) Slots(ctx context.Context) ([]SlotInfo, error) {
+	rows, err := c.pool.Query(ctx, `
+		SELECT slot_name::text, slot_type, active, coalesce(active_pid, 0), temporary,
+		       coalesce(restart_lsn::text, ''), coalesce(confirmed_flush_lsn::text, ''), coalesce(wal_status, ''),
+		       coalesce(pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+		                                     ELSE pg_current_wal_insert_lsn() END, restart_lsn), 0)::int8,
+		       coalesce(safe_wal_size, -1)
+		FROM pg_replication_slots
+		WHERE (slot_type = 'logical' AND database = current_database() AND (slot_name = $1 OR slot_name LIKE $2))
+		   OR (slot_type = 'physical' AND slot_name ~ $3)
+		ORDER BY slot_name`, c.opts.slot, strings.ReplaceAll(snapshotSlotPrefix, "_", `\_`)+"%", baseSlotPattern.String())
+	if err != nil {
+		return nil, fmt.Errorf("siphon: list slots: %w", err)
+	}
+	defer rows.Close()
+	var out []SlotInfo
+	for rows.Next() {
+		s, err := c.scanSlot(rows)
+		if err != nil {
+			return nil, fmt.Errorf("siphon: list slots: %w", err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("siphon: list slots: %w", err)
+	}
+	return out, nil
+}
+
+func (c *Conn) scanSlot(rows interface{ Scan(...any) error }) (SlotInfo, error) {
+	var s SlotInfo
+	var typ, restart, confirmed string
+	if err := rows.Scan(&s.Name, &typ, &s.Active, &s.ActivePID, &s.Temporary, &restart, &confirmed,
+		&s.WALStatus, &s.RetainedBytes, &s.SafeBytes); err != nil {
+		return s, err
+	}
+	for _, p := range []struct {
+		text string
+		pos  *canonical.Position
+	}{{restart, &s.RestartPosition}, {confirmed, &s.ConfirmedPosition}} {
+		if p.text == "" {
+			continue
+		}
+		pos, err := canonical.ParsePosition(p.text)
+		if err != nil {
+			return s, err
+		}
+		*p.pos = pos
+	}
+	switch {
+	case typ == "physical":
+		s.Kind = SlotBase
+		s.CreatedAt, _ = ulidTime(strings.TrimPrefix(s.Name, "siphon_"))
+	case s.Name == c.opts.slot:
+		s.Kind = SlotChangeStream
+	default:
+		s.Kind = SlotSnapshot
+	}
+	return s, nil
+}
+
+const ulidAlphabet = "0123456789abcdefghjkmnpqrstvwxyz" // Crockford base32, lower case
+
+// newULID returns a lowercase ULID: 48 bits of Unix milliseconds then 80
+// random bits, as 26 Crockford base32 characters that sort by time.
+func newULID(now time.Time) string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
+	rand.Read(b[6:])
+	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	var out [26]byte
+	for i := 25; i >= 0; i-- {
+		out[i] = ulidAlphabet[lo&31]
+		lo = lo>>5 | hi<<59
+		hi >>= 5
+	}
+	return string(out[:])
+}
+
+// ulidTime returns the time a ULID made by newULID carries.
+func ulidTime(id string) (time.Time, bool) {
+	if len(id) != 26 {
+		return time.Time{}, false
+	}
+	var ms uint64
+	for i := range 10 { // 50 bits: two zero bits and the 48-bit time
+		v := strings.IndexByte(ulidAlphabet, id[i])
+		if v < 0 {
+			return time.Time{}, false
+		}
+		ms = ms<<5 | uint64(v)
+	}
+	return time.UnixMilli(int64(ms)).UTC(), true
+}
+
+// asSlotBlocked turns a lock wait that ran out into a *SlotBlockedError.
+func asSlotBlocked(err error, slot string, start time.Time) error {
+	var blocked *attemptBlocked
+	if errors.As(err, &blocked) {
+		return &SlotBlockedError{Slot: slot, Waited: time.Since(start), Attempts: 1, Blockers: blocked.blockers}
+	}
+	return err
+}
