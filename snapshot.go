@@ -1,0 +1,270 @@
+package siphon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// Snapshot is a consistent view of the database at an exact [canonical.Position]:
+// it shows exactly the transactions committed at or before its Position, and
+// [Conn.StreamChanges] from that Position continues it with no gap and no
+// duplicate.
+//
+// A Snapshot holds a temporary logical replication slot whose replication
+// session stays open, idle, for the Snapshot's whole life: the session
+// exported the snapshot, and the snapshot is valid only while it lives. Copy
+// its tables with [Snapshot.CopyTables], or hand [Snapshot.Name] to
+// pg_dump --snapshot, then Close it. While it is open the server keeps the
+// WAL and the old row versions the snapshot may need, so do not leave it open
+// longer than the copy takes.
+type Snapshot struct {
+	c      *Conn
+	slot   *snapshotSlot
+	closed atomic.Bool
+}
+
+// TakeSnapshot makes sure siphon's publication and persistent replication
+// slot exist (see [WithSlot]), then takes a Snapshot. Because the persistent
+// slot exists before the snapshot is taken, streaming from the Snapshot's
+// Position loses nothing. The caller must Close the Snapshot.
+func (c *Conn) TakeSnapshot(ctx context.Context) (*Snapshot, error) {
+	slot, err := c.createSnapshotSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Snapshot{c: c, slot: slot}, nil
+}
+
+// Position returns the snapshot's consistent point: the snapshot holds
+// exactly the transactions committed at or before it. Stream from it to
+// continue the snapshot.
+func (s *Snapshot) Position() canonical.Position { return s.slot.ConsistentPoint }
+
+// Name returns the exported snapshot's name, for SET TRANSACTION SNAPSHOT or
+// pg_dump --snapshot.
+func (s *Snapshot) Name() string { return s.slot.SnapshotName }
+
+// Close releases the snapshot: it closes the replication session, which
+// drops the temporary slot. It is safe to call more than once, and after a
+// failed copy; it returns the first call's result.
+func (s *Snapshot) Close(ctx context.Context) error {
+	s.closed.Store(true)
+	return s.slot.Close(ctx)
+}
+
+// RowFunc receives one copied row: its table (from the schema given to
+// [Snapshot.CopyTables]) and its values, in the order of table.Columns.
+// The row slice is reused after RowFunc returns: keep the values (they are
+// immutable) but not the slice, or copy it with slices.Clone. An error stops
+// the copy and is returned wrapped.
+type RowFunc func(table *canonical.Table, row canonical.Row) error
+
+// CopyTables copies the rows of schema's tables as the snapshot sees them
+// and passes each to fn. A nil schema means every table siphon's
+// publication publishes.
+//
+// Rows arrive table by table, in the order of schema.Tables. Within a table
+// they arrive in no particular order: a large table is split into ranges of
+// physical (ctid) order, copied in parallel by several sessions importing the
+// snapshot (see [WithCopySessions]). fn, the [WithProgress] function and the
+// checkpoint function of [CopyCheckpoints] are all called from the
+// goroutine that called CopyTables, one call at a time, so fn needs no
+// locking. A partitioned table's rows are copied through its leaf
+// partitions: a leaf that schema lists itself is delivered as that table,
+// the others under the nearest partitioned ancestor that schema lists.
+//
+// Values are canonical text (see [canonical.Value]), equal to what the
+// change stream carries for the same row. The copy holds no table in memory:
+// it reads binary COPY as it streams, with bounded buffering.
+//
+// Every table is checked against schema at the snapshot, then locked (ACCESS
+// SHARE, for the rest of the copy) and checked again: a table that is
+// missing, renamed, dropped and created again, rewritten after the snapshot
+// (VACUUM FULL, CLUSTER, TRUNCATE, a rewriting ALTER TABLE), or whose
+// columns or primary key differ is reported as a [*SchemaIncompatibleError]
+// naming it and what changed. DDL that needs an ACCESS EXCLUSIVE lock on a
+// table waits until the copy ends, or, when it queues between the locks of
+// two copying sessions, makes the copy fail with that error instead of
+// deadlocking.
+func (s *Snapshot) CopyTables(ctx context.Context, schema *canonical.Schema, fn RowFunc, opts ...CopyOption) error {
+	var cfg copyConfig
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if s.closed.Load() {
+		return errors.New("siphon: copy tables: the snapshot is closed: take a new one")
+	}
+	if schema == nil {
+		var err error
+		if schema, err = s.c.publishedSchema(ctx); err != nil {
+			return err
+		}
+	}
+	if err := s.c.copyTables(ctx, s, schema, fn, cfg); err != nil {
+		return fmt.Errorf("siphon: copy tables: %w", err)
+	}
+	return nil
+}
+
+// CopyOption configures one [Snapshot.CopyTables] call.
+type CopyOption func(*copyConfig)
+
+type copyConfig struct {
+	checkpoint      func(*CopyCheckpoint) error
+	checkpointEvery time.Duration
+	resume          *CopyCheckpoint
+	restart         func(TableCheckpoint) error
+}
+
+// CopyCheckpoints makes [Snapshot.CopyTables] call fn with a
+// [CopyCheckpoint] that covers exactly the rows passed to its RowFunc so
+// far: at most once per interval (after every batch of rows when interval is
+// zero) and once when the copy is complete. fn is called between rows, on
+// the goroutine that called CopyTables. Persist the checkpoint in the same
+// transaction as the rows it covers, and an interrupted copy can continue
+// from it with [ResumeCopy]. An error from fn stops the copy.
+func CopyCheckpoints(interval time.Duration, fn func(*CopyCheckpoint) error) CopyOption {
+	return func(c *copyConfig) { c.checkpoint, c.checkpointEvery = fn, interval }
+}
+
+// ResumeCopy makes [Snapshot.CopyTables] continue the copy that wrote cp,
+// in this (newer) snapshot: it copies only what cp does not cover.
+//
+// A relation (a table or leaf partition) whose copy cp records as done is
+// not copied again. One copied in part resumes after its last mark when it
+// is safe to: its relfilenode is the same as when its copy started (no
+// VACUUM FULL, CLUSTER, TRUNCATE or rewriting ALTER TABLE since), and no
+// value of it can be stored out of line (it has no TOAST relation, or its
+// TOAST relation was empty then and is empty now). Its rows then come from
+// two snapshots, and the change stream must be applied idempotently (an
+// insert as an upsert, as [Conn.ApplyChange] does) from cp's Position.
+// Otherwise the relation is copied again from scratch in this snapshot:
+// restart is called first with its old entry, so the caller can discard the
+// rows it kept from it, and its new entry's Position is this snapshot's (see
+// [CopyCheckpoint.Covers]). A nil restart makes such a copy fail instead.
+func ResumeCopy(cp *CopyCheckpoint, restart func(TableCheckpoint) error) CopyOption {
+	return func(c *copyConfig) { c.resume, c.restart = cp, restart }
+}
+
+// EmitCanonical writes a consistent snapshot of schema's tables as
+// canonical JSONL to w (a nil schema means every table siphon's publication
+// publishes) and returns its Position. The stream holds a header of kind
+// [canonical.KindSnapshot] whose Start (and End) is the Position, a table
+// record for every table of schema, every row table by table, and an end
+// record. Stream changes from the returned Position to continue it.
+//
+// EmitCanonical takes its own [Snapshot] and closes it before returning;
+// copying works as in [Snapshot.CopyTables]. It buffers a bounded amount of
+// rows, however large the tables.
+func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer) (canonical.Position, error) {
+	if schema == nil {
+		var err error
+		if schema, err = c.publishedSchema(ctx); err != nil {
+			return 0, err
+		}
+	}
+	header, err := c.sourceHeader(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("siphon: emit canonical: %w", err)
+	}
+	snap, err := c.TakeSnapshot(ctx)
+	if err != nil {
+		return 0, err
+	}
+	pos, err := c.emitSnapshot(ctx, snap, schema, header, w)
+	if closeErr := snap.Close(context.WithoutCancel(ctx)); err == nil && closeErr != nil {
+		err = closeErr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("siphon: emit canonical: %w", err)
+	}
+	return pos, nil
+}
+
+func (c *Conn) emitSnapshot(ctx context.Context, snap *Snapshot, schema *canonical.Schema, h canonical.Header, w io.Writer) (canonical.Position, error) {
+	pos := snap.Position()
+	h.Kind, h.Start, h.End, h.Created = canonical.KindSnapshot, pos, pos, time.Now().UTC()
+	enc := canonical.NewEncoder(w)
+	if err := enc.WriteHeader(h); err != nil {
+		return 0, err
+	}
+	for i := range schema.Tables {
+		if err := enc.WriteTable(&schema.Tables[i]); err != nil {
+			return 0, err
+		}
+	}
+	err := c.copyTables(ctx, snap, schema, func(t *canonical.Table, row canonical.Row) error {
+		return enc.WriteRow(t.TableName(), row)
+	}, copyConfig{})
+	if err != nil {
+		return 0, err
+	}
+	if err := enc.WriteEnd(pos); err != nil {
+		return 0, err
+	}
+	return pos, nil
+}
+
+// sourceHeader describes the source for a JSONL header.
+func (c *Conn) sourceHeader(ctx context.Context) (canonical.Header, error) {
+	h := canonical.Header{Engine: canonical.EnginePostgres, Slot: c.opts.slot}
+	err := c.pool.QueryRow(ctx, `SELECT (SELECT system_identifier::text FROM pg_control_system()),
+		(SELECT timeline_id FROM pg_control_checkpoint()), current_setting('server_version')`).
+		Scan(&h.SystemID, &h.Timeline, &h.ServerVersion)
+	if err != nil {
+		return h, fmt.Errorf("identify source: %w", err)
+	}
+	return h, nil
+}
+
+// publishedSchema describes the tables siphon's publication publishes (see
+// [Conn.InspectSchema]), with the partitioned tables above them. Its
+// errors carry the "siphon:" prefix.
+func (c *Conn) publishedSchema(ctx context.Context) (*canonical.Schema, error) {
+	if err := c.ensurePublication(ctx); err != nil {
+		return nil, err
+	}
+	all, err := c.InspectSchema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	const op = "siphon: list published tables"
+	rows, err := c.pool.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1", c.opts.publication)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	published := map[canonical.TableName]bool{}
+	var n canonical.TableName
+	for rows.Next() {
+		if err := rows.Scan(&n.Schema, &n.Name); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		published[n] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	// A partitioned table is kept when something below it is published.
+	for changed := true; changed; {
+		changed = false
+		for _, t := range all.Tables {
+			if t.PartitionOf != nil && published[t.TableName()] && !published[*t.PartitionOf] {
+				published[*t.PartitionOf], changed = true, true
+			}
+		}
+	}
+	schema := &canonical.Schema{}
+	for _, t := range all.Tables {
+		if published[t.TableName()] {
+			schema.Tables = append(schema.Tables, t)
+		}
+	}
+	return schema, nil
+}
