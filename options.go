@@ -56,9 +56,14 @@ type SlotRetry struct {
 // the catalog (pg_class.reltuples and the relation size) and may be zero
 // for a table never analyzed.
 type Progress struct {
-	Table          canonical.TableName
-	Rows           int64
-	Bytes          int64
+	Table canonical.TableName
+	// Rows counts the rows delivered so far; Bytes the binary COPY data
+	// they came in.
+	Rows  int64
+	Bytes int64
+	// EstimatedRows is pg_class.reltuples; EstimatedBytes the size of the
+	// table's files, larger than its COPY data: Rows/EstimatedRows is the
+	// better fraction done.
 	EstimatedRows  int64
 	EstimatedBytes int64
 	// Done is true on the table's last report.
