@@ -16,6 +16,7 @@ import (
 // How copied rows travel from the copying sessions to the consumer.
 const (
 	batchRows      = 1024      // rows per batch, at most
+	batchValues    = 8192      // values per batch, at most (wide rows)
 	batchBytes     = 128 << 10 // text bytes per batch before it is sent
 	keepBatchBytes = 1 << 20   // larger buffers are not reused
 	progressEvery  = 250 * time.Millisecond
@@ -110,9 +111,11 @@ func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Sc
 		closeSession(lead)
 		return run.consume(ctx, fn, cfg)
 	}
+	// At most 2*workers tasks run ahead of the consumer, so at most that
+	// many groups hold batches: about 2*workers² batches in all.
 	run.tokens = make(chan struct{}, 2*workers)
 	for _, g := range run.groups {
-		g.batches = make(chan *rowBatch, 2*workers)
+		g.batches = make(chan *rowBatch, workers)
 	}
 	var wg sync.WaitGroup
 	for i := range workers {
@@ -231,7 +234,7 @@ func (r *copyRun) copyTask(ctx context.Context, conn *pgx.Conn, t *copyTask) err
 	g := t.rel.group
 	p := &copyParser{kinds: t.rel.kinds, withCTID: r.marks, lo: t.from, hi: t.to, b: newBatch(t)}
 	p.row = func() error {
-		if p.b.rows < batchRows && len(p.b.buf) < batchBytes {
+		if p.b.rows < batchRows && len(p.b.spans) < batchValues && len(p.b.buf) < batchBytes {
 			return nil
 		}
 		if err := send(ctx, g, p.b); err != nil {

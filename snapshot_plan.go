@@ -514,6 +514,9 @@ func importSnapshot(ctx context.Context, conn *pgx.Conn, name string) error {
 		"SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(name, "'", "''")+"'; "+
 		"SET LOCAL synchronize_seqscans = off; SET LOCAL max_parallel_workers_per_gather = 0; "+
 		"SET LOCAL enable_indexscan = off; SET LOCAL enable_indexonlyscan = off; SET LOCAL enable_bitmapscan = off; "+
+		// Fail rather than copy only the rows a row-level security policy
+		// lets through.
+		"SET LOCAL row_security = off; "+
 		// A copy takes as long as it takes, and a session waiting for the
 		// consumer between two COPY statements is idle in its transaction.
 		"SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0").ReadAll()

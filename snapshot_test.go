@@ -193,8 +193,10 @@ func TestSnapshotValuesMatchServerText(t *testing.T) {
 	t.Parallel()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, snapTypesSchema...)
-	execSQL(t, admin, snapRandomValues(t)...)
+	random := snapRandomValues(t)
+	execSQL(t, admin, random...)
 	c, _ := snapConnect(t, dsn)
+	ctx := context.Background()
 	schema, err := c.InspectSchema(context.Background())
 	require.NoError(t, err)
 	snap := snapTake(t, c)
@@ -235,6 +237,28 @@ func TestSnapshotValuesMatchServerText(t *testing.T) {
 	assert.Equal(t, canonical.Text("x    "), byID["4"][col("ch")], "char(n) keeps its padding")
 	assert.Equal(t, canonical.Text("9223372036854775807"), byID["3"][col("i8")])
 	assert.Equal(t, canonical.Text("{1.2.3.4,::1,10.0.0.0/8}"), byID["3"][col("ia")])
+
+	// Through JSONL into another database, every value reads back the same.
+	var jsonl bytes.Buffer
+	_, err = c.EmitCanonical(ctx, schema, &jsonl)
+	require.NoError(t, err)
+	targetDSN, target := newDatabase(t)
+	execSQL(t, target, slices.DeleteFunc(slices.Clone(snapTypesSchema), func(s string) bool { return strings.HasPrefix(s, "INSERT") })...)
+	execSQL(t, target, random[0], random[2]) // the CREATE TABLEs
+	a := newSnapApplier(t, targetDSN)
+	dec := canonical.NewDecoder(&jsonl)
+	for {
+		rec, err := dec.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		if rec.Type == canonical.RecordRow {
+			require.NoError(t, a.row(rec.Table, rec.Row))
+		}
+	}
+	require.NoError(t, a.flush())
+	assert.Equal(t, snapDigests(t, admin, schema), snapDigests(t, target, schema))
 }
 
 // snapRandomValues adds a table of many random float4, float8, numeric, date,
@@ -299,6 +323,151 @@ func snapFloatLiteral(f float64, bits int) string {
 		return "'-Infinity'"
 	}
 	return "'" + strconv.FormatFloat(f, 'g', -1, bits) + "'"
+}
+
+// snapApplier applies snapshot rows and streamed changes to a target
+// database idempotently: rows and inserts are upserts by primary key, as a
+// consumer of a resumed copy must apply them.
+type snapApplier struct {
+	conn  *pgx.Conn
+	batch *pgx.Batch
+}
+
+func newSnapApplier(t testing.TB, dsn string) *snapApplier {
+	t.Helper()
+	config, err := pgx.ParseConfig(dsn)
+	require.NoError(t, err)
+	config.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // values go as literals, read by input functions
+	for k, v := range siphon.SessionSettingsForTest {
+		config.RuntimeParams[k] = v
+	}
+	config.RuntimeParams["application_name"] = "siphon_test"
+	conn, err := pgx.ConnectConfig(context.Background(), config)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return &snapApplier{conn: conn, batch: &pgx.Batch{}}
+}
+
+func snapArgs(row canonical.Row) []any {
+	args := make([]any, len(row))
+	for i, v := range row {
+		if s, ok := v.Text(); ok {
+			args[i] = s
+		}
+	}
+	return args
+}
+
+// upsertSQL inserts a row, replacing the row with its primary key.
+func snapUpsertSQL(table canonical.TableName, cols []canonical.Column, key []string) string {
+	names, params, set := make([]string, len(cols)), make([]string, len(cols)), make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = pgx.Identifier{c.Name}.Sanitize()
+		params[i] = fmt.Sprintf("$%d", i+1)
+		set[i] = names[i] + " = EXCLUDED." + names[i]
+	}
+	keys := make([]string, len(key))
+	for i, k := range key {
+		keys[i] = pgx.Identifier{k}.Sanitize()
+	}
+	return "INSERT INTO " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " (" + strings.Join(names, ", ") +
+		") VALUES (" + strings.Join(params, ", ") + ") ON CONFLICT (" + strings.Join(keys, ", ") + ") DO UPDATE SET " + strings.Join(set, ", ")
+}
+
+// row queues a snapshot row; flush sends the queue.
+func (a *snapApplier) row(table *canonical.Table, row canonical.Row) error {
+	a.batch.Queue(snapUpsertSQL(table.TableName(), table.Columns, table.PrimaryKey), snapArgs(row)...)
+	if a.batch.Len() >= 500 {
+		return a.flush()
+	}
+	return nil
+}
+
+func (a *snapApplier) flush() error {
+	if a.batch.Len() == 0 {
+		return nil
+	}
+	b := a.batch
+	a.batch = &pgx.Batch{}
+	return a.conn.SendBatch(context.Background(), b).Close()
+}
+
+// keyWhere is "k1 = $n AND ..." for the key columns of a change's row.
+func snapKeyWhere(cols []canonical.Column, key []string, row canonical.Row, args []any) (string, []any) {
+	var conds []string
+	for _, k := range key {
+		for i, c := range cols {
+			if c.Name == k {
+				args = append(args, snapArgs(row[i : i+1])[0])
+				conds = append(conds, fmt.Sprintf("%s = $%d", pgx.Identifier{k}.Sanitize(), len(args)))
+			}
+		}
+	}
+	return strings.Join(conds, " AND "), args
+}
+
+// change applies one streamed change; key gives each table's primary key.
+func (a *snapApplier) change(ch canonical.Change, key func(canonical.TableName) []string) error {
+	ctx := context.Background()
+	name := ch.TableName()
+	target := pgx.Identifier{name.Schema, name.Name}.Sanitize()
+	switch ch.Op {
+	case canonical.OpInsert:
+		_, err := a.conn.Exec(ctx, snapUpsertSQL(name, ch.Columns, key(name)), snapArgs(ch.New)...)
+		return err
+	case canonical.OpUpdate:
+		if len(ch.Unchanged()) == 0 {
+			if ch.Old != nil { // the key changed
+				where, args := snapKeyWhere(ch.Columns, key(name), ch.Old, nil)
+				if _, err := a.conn.Exec(ctx, "DELETE FROM "+target+" WHERE "+where, args...); err != nil {
+					return err
+				}
+			}
+			_, err := a.conn.Exec(ctx, snapUpsertSQL(name, ch.Columns, key(name)), snapArgs(ch.New)...)
+			return err
+		}
+		var set []string
+		var args []any
+		for i, c := range ch.Columns {
+			if !ch.New[i].IsUnchanged() {
+				args = append(args, snapArgs(ch.New[i : i+1])[0])
+				set = append(set, fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), len(args)))
+			}
+		}
+		old := ch.New
+		if ch.Old != nil {
+			old = ch.Old
+		}
+		where, args := snapKeyWhere(ch.Columns, key(name), old, args)
+		_, err := a.conn.Exec(ctx, "UPDATE "+target+" SET "+strings.Join(set, ", ")+" WHERE "+where, args...)
+		return err
+	case canonical.OpDelete:
+		where, args := snapKeyWhere(ch.Columns, key(name), ch.Old, nil)
+		_, err := a.conn.Exec(ctx, "DELETE FROM "+target+" WHERE "+where, args...)
+		return err
+	case canonical.OpTruncate:
+		for _, n := range ch.Truncated {
+			if _, err := a.conn.Exec(ctx, "TRUNCATE "+pgx.Identifier{n.Schema, n.Name}.Sanitize()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// snapDigests returns each table's row count and an ordered digest of its
+// rows' text.
+func snapDigests(t testing.TB, conn *pgx.Conn, schema *canonical.Schema) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, table := range schema.Tables {
+		var digest string
+		name := pgx.Identifier{table.Schema, table.Name}.Sanitize()
+		require.NoError(t, conn.QueryRow(context.Background(),
+			"SELECT count(*) || ' rows ' || md5(coalesce(string_agg(snap_row::text, E'\\n' ORDER BY snap_row::text), '')) FROM "+name+" snap_row").Scan(&digest))
+		out[table.TableName().String()] = digest
+	}
+	return out
 }
 
 // snapShop is a small shop: a large table with TOASTed values, a table with
@@ -546,4 +715,55 @@ func TestSnapshotCopyCancelled(t *testing.T) {
 	require.NoError(t, snap.Close(context.Background()))
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
+}
+
+// DDL that queues for a table between the locks of two copying sessions
+// would deadlock with the copy (the second session waits for the DDL, which
+// waits for the first): the copy fails instead, naming the table.
+func TestSnapshotDDLQueuedDuringParallelCopy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin,
+		`CREATE TABLE a (id int PRIMARY KEY, filler text)`, // about 8 tasks for 2 sessions
+		`INSERT INTO a SELECT i, repeat('x', 200) FROM generate_series(1, 40000) i`,
+		`CREATE TABLE b (id int PRIMARY KEY, filler text)`,
+		`INSERT INTO b SELECT i, repeat('x', 200) FROM generate_series(1, 30000) i`)
+	c, _ := snapConnect(t, dsn, siphon.WithCopySessions(2))
+	schema, err := c.InspectSchema(ctx)
+	require.NoError(t, err)
+	snap := snapTake(t, c)
+	ddl := make(chan error, 1)
+	rows := 0
+	err = snap.CopyTables(ctx, schema, func(table *canonical.Table, row canonical.Row) error {
+		if rows++; rows > 1 {
+			return nil
+		}
+		// The copy is held up in table a: no session but the first has
+		// touched b yet.
+		other, err := pgx.Connect(ctx, dsn)
+		require.NoError(t, err)
+		pid := other.PgConn().PID()
+		go func() {
+			defer other.Close(ctx)
+			_, err := other.Exec(ctx, `ALTER TABLE b ADD COLUMN c int`)
+			ddl <- err
+		}()
+		require.Eventually(t, func() bool {
+			var waiting bool
+			require.NoError(t, admin.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
+			return waiting
+		}, 10*time.Second, time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		var schemaErr *siphon.SchemaIncompatibleError
+		require.ErrorAs(t, err, &schemaErr)
+		assert.Equal(t, "b", schemaErr.Table.Name)
+		assert.Contains(t, schemaErr.Problem, "is waiting for the table")
+	} else {
+		t.Log("the first session copied all of b: the copy completed and the DDL waited")
+	}
+	require.NoError(t, snap.Close(ctx))
+	require.NoError(t, <-ddl)
 }
