@@ -98,6 +98,9 @@ func (s *Snapshot) CopyTables(ctx context.Context, schema *canonical.Schema, fn 
 	for _, opt := range opts {
 		opt(&cfg)
 	}
+	if fn == nil {
+		return errors.New("siphon: copy tables: the RowFunc is nil")
+	}
 	if s.closed.Load() {
 		return errors.New("siphon: copy tables: the snapshot is closed: take a new one")
 	}

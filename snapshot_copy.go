@@ -183,8 +183,9 @@ SELECT current_setting('max_connections')::int - current_setting('superuser_rese
 	if err != nil {
 		return 0, fmt.Errorf("read server limits: %w", err)
 	}
-	// Leave two connections for others; the lead session is already open.
-	sessions := max(1, min(r.c.opts.copySessions, headroom-2+1))
+	// The lead session is open (and counted); open no more than leaves two
+	// connections for others.
+	sessions := max(1, min(r.c.opts.copySessions, 1+headroom-2))
 	for _, g := range groups {
 		for _, rel := range g.rels {
 			g.progress.EstimatedRows += rel.snap.estRows

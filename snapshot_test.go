@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	mrand "math/rand/v2"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -713,6 +714,8 @@ func TestSnapshotCopyCancelled(t *testing.T) {
 	require.ErrorIs(t, err, stop)
 
 	require.NoError(t, snap.Close(context.Background()))
+	err = snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { return nil })
+	assert.ErrorContains(t, err, "the snapshot is closed")
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
 }
@@ -766,4 +769,23 @@ func TestSnapshotDDLQueuedDuringParallelCopy(t *testing.T) {
 	}
 	require.NoError(t, snap.Close(ctx))
 	require.NoError(t, <-ddl)
+}
+
+// pg_dump --snapshot=Name() dumps exactly what the snapshot holds.
+func TestSnapshotNameForPgDump(t *testing.T) {
+	t.Parallel()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, `CREATE TABLE t (id int PRIMARY KEY)`, `INSERT INTO t SELECT generate_series(1, 5)`)
+	c, slot := snapConnect(t, dsn)
+	snap := snapTake(t, c)
+	execSQL(t, admin, `INSERT INTO t VALUES (6)`, `DELETE FROM t WHERE id = 1`)
+
+	pgDump := strings.TrimSuffix(findPsql(t), "psql") + "pg_dump"
+	out, err := exec.Command(pgDump, "--snapshot="+snap.Name(), "--data-only", "--table=t", "--dbname="+dsn).CombinedOutput()
+	require.NoError(t, err, string(out))
+	assert.Contains(t, string(out), "COPY public.t (id) FROM stdin;\n1\n2\n3\n4\n5\n\\.\n")
+
+	require.NoError(t, snap.Close(context.Background()))
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot) // the snapshot's temporary slot is gone
 }
