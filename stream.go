@@ -1,0 +1,672 @@
+package siphon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgoutput"
+)
+
+// ErrStreamInterrupted is matched (errors.Is) by every [*StreamInterruptedError].
+var ErrStreamInterrupted = errors.New("siphon: change stream interrupted")
+
+// StreamInterruptedError reports that the replication connection broke: the
+// network failed, the server shut down, or the walsender was terminated
+// (pg_terminate_backend, wal_sender_timeout). It is retryable: call
+// [Conn.StreamChanges] again from Position, and nothing is lost or repeated.
+type StreamInterruptedError struct {
+	// Position is the last acknowledged Position: where to resume from.
+	Position canonical.Position
+	Err      error
+}
+
+func (e *StreamInterruptedError) Error() string {
+	return fmt.Sprintf("siphon: change stream interrupted (resume from %v): %v", e.Position, e.Err)
+}
+
+func (e *StreamInterruptedError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrStreamInterrupted) true.
+func (e *StreamInterruptedError) Is(target error) bool { return target == ErrStreamInterrupted }
+
+// GapReason says why a [ResumeGapError] was returned.
+type GapReason string
+
+// The reasons for a [ResumeGapError].
+const (
+	// GapBehindSlot: the requested Position is older than the slot's
+	// confirmed position, and no siphon heartbeat vouches that nothing was
+	// published in between. The slot was advanced by another consumer, or
+	// it was dropped and recreated (a new slot starts past any earlier
+	// Position), or the caller's Position is stale.
+	GapBehindSlot GapReason = "behind the slot's confirmed position"
+	// GapSlotLost: the server invalidated the slot (wal_status "lost",
+	// max_slot_wal_keep_size exceeded): the WAL it needed was removed.
+	GapSlotLost GapReason = "the slot was invalidated (wal_status lost)"
+	// GapSlotMissing: the slot does not exist; it was dropped.
+	GapSlotMissing GapReason = "the slot does not exist"
+)
+
+// ResumeGapError reports that the change stream cannot continue from the
+// requested Position without losing changes. PostgreSQL would silently start
+// later; siphon refuses. The way out is a new snapshot
+// ([Conn.EmitCanonical]) followed by streaming from its Position.
+type ResumeGapError struct {
+	Slot      string
+	Requested canonical.Position
+	// Confirmed is the slot's confirmed position (zero when the slot is
+	// missing).
+	Confirmed canonical.Position
+	Reason    GapReason
+}
+
+func (e *ResumeGapError) Error() string {
+	return fmt.Sprintf("siphon: cannot resume slot %q from %v: %s (confirmed %v): changes may be missing; take a new snapshot and stream from its position",
+		e.Slot, e.Requested, e.Reason, e.Confirmed)
+}
+
+// StreamChanges streams the changes committed after from to emit, in commit
+// order, one at a time: each transaction as [canonical.OpBegin], its row
+// changes (and transactional messages), then [canonical.OpCommit]. A zero
+// from means "where the slot stands". Non-transactional logical decoding
+// messages come between transactions, except siphon's own heartbeats.
+//
+// emit receives each Change by value and may keep it and every row in it:
+// siphon never reuses them. Change.Columns is shared by the changes of one
+// table version: do not modify it.
+//
+// The slot's confirmed position advances only to the end of a transaction
+// whose OpCommit emit returned nil, so a consumer that records the Position
+// of the last OpCommit it handled can restart from it and see nothing twice
+// and miss nothing. When nothing is in flight and the server's WAL moves on
+// without published changes, siphon writes a heartbeat message recording the
+// last transaction's end and advances the slot to it, so an idle slot does
+// not pin WAL; a later restart from that last OpCommit Position is still
+// accepted (see [WithHeartbeat]).
+//
+// StreamChanges runs until ctx is cancelled, which is the normal stop: it
+// then returns the last acknowledged Position and nil. An emit error stops
+// the stream and is returned wrapped. A broken connection returns a
+// [*StreamInterruptedError] (retryable). Resuming from a Position the slot
+// has passed, or from a lost or dropped slot, returns a [*ResumeGapError]
+// before anything is emitted. A slot in use by another session returns
+// [ErrSlotInUse]. A missing slot is created (with the publication first)
+// only when from is zero.
+func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
+	if emit == nil {
+		return from, errors.New("siphon: stream changes: emit is nil")
+	}
+	res, err := c.stream(ctx, streamConfig{from: from}, emit)
+	return res.acked, err
+}
+
+// CurrentPosition makes sure the publication and then the persistent slot
+// exist and returns a Position to stream from: the consistent point of a
+// slot it just created, or else the server's current WAL insert position.
+// Both are safe anchors: every transaction committed before the call ends at
+// or before the returned Position, and every later one after it. (The insert
+// position is used rather than pg_current_wal_lsn(): under
+// synchronous_commit=off a committed transaction's commit record may still
+// be past the write position.)
+func (c *Conn) CurrentPosition(ctx context.Context) (canonical.Position, error) {
+	created, err := c.ensureSlot(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if created.Created {
+		return created.ConsistentPoint, nil
+	}
+	pos, err := c.insertPosition(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("siphon: current position: %w", err)
+	}
+	return pos, nil
+}
+
+// BackupIncremental writes, as canonical JSONL (kind incremental), every
+// transaction committed after since and at or before a bound read when it
+// starts, and none after, then returns the end Position of the last
+// transaction written (since itself when there was none): the since of the
+// next incremental. A transaction still open at the bound belongs to the
+// next incremental. A zero since means "where the slot stands".
+//
+// The bound is pg_current_wal_insert_lsn(), not pg_current_wal_lsn(): with
+// synchronous_commit=off a transaction the caller saw committed may have its
+// commit record past the write position. The header's Start is since (or
+// the slot's position for a zero since); its End is left out, since it is
+// known only at the end; the end record carries the returned Position.
+//
+// The capture ends as soon as the stream passes the bound, so on an idle
+// database it returns within a fraction of a second. BackupIncremental
+// acknowledges since to the slot (the previous incremental is then known to
+// be kept) but nothing past it: a failed or lost incremental can be taken
+// again with the same since. Errors are those of [Conn.StreamChanges]; a
+// cancelled ctx returns its error, since the output is incomplete.
+func (c *Conn) BackupIncremental(ctx context.Context, since canonical.Position, w io.Writer) (canonical.Position, error) {
+	bound, err := c.insertPosition(ctx)
+	if err != nil {
+		return since, fmt.Errorf("siphon: incremental backup: %w", err)
+	}
+	schema, err := c.InspectSchema(ctx)
+	if err != nil {
+		return since, fmt.Errorf("siphon: incremental backup: %w", err)
+	}
+	enc := canonical.NewEncoder(w)
+	end := since
+	cfg := streamConfig{from: since, bound: bound, holdAck: true}
+	cfg.onStart = func(start canonical.Position, info streamInfo) error {
+		end = start
+		h := canonical.Header{
+			Kind: canonical.KindIncremental, Engine: canonical.EnginePostgres, Start: start,
+			SystemID: info.systemID, Timeline: info.timeline, Slot: c.opts.slot,
+			ServerVersion: info.serverVersion, Created: time.Now().UTC(),
+		}
+		if err := enc.WriteHeader(h); err != nil {
+			return err
+		}
+		for i := range schema.Tables {
+			if err := enc.WriteTable(&schema.Tables[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	res, err := c.stream(ctx, cfg, func(ch canonical.Change) error {
+		if err := enc.WriteChange(&ch); err != nil {
+			return err
+		}
+		if ch.Op == canonical.OpCommit {
+			end = ch.Position
+		}
+		return nil
+	})
+	if err != nil {
+		return since, fmt.Errorf("siphon: incremental backup: %w", err)
+	}
+	if !res.reachedBound {
+		return since, fmt.Errorf("siphon: incremental backup: stopped before the bound %v: %w", bound, context.Cause(ctx))
+	}
+	if err := enc.WriteEnd(end); err != nil {
+		return since, fmt.Errorf("siphon: incremental backup: %w", err)
+	}
+	return end, nil
+}
+
+// streamConfig says what one run of the stream does.
+type streamConfig struct {
+	from canonical.Position
+	// bound, when nonzero, ends the stream once every transaction committed
+	// at or before it was emitted (BackupIncremental).
+	bound canonical.Position
+	// holdAck keeps the acknowledged position at from.
+	holdAck bool
+	// onStart runs once the slot is checked, before anything is emitted,
+	// with the Position the stream starts from.
+	onStart func(start canonical.Position, info streamInfo) error
+}
+
+// streamInfo describes the source, from IDENTIFY_SYSTEM.
+type streamInfo struct {
+	systemID      string
+	timeline      uint32
+	serverVersion string
+}
+
+type streamResult struct {
+	acked        canonical.Position
+	reachedBound bool
+}
+
+// replSlotState is the slot's row in pg_replication_slots.
+type replSlotState struct {
+	exists    bool
+	confirmed canonical.Position
+	walStatus string
+	active    bool
+	plugin    string
+	// sameDatabase is false for a slot of another database.
+	sameDatabase bool
+}
+
+func (c *Conn) readSlot(ctx context.Context) (replSlotState, error) {
+	var (
+		s         replSlotState
+		confirmed *string
+		walStatus *string
+	)
+	err := c.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, wal_status, active, coalesce(plugin, ''),
+			coalesce(database, '') = current_database()
+		FROM pg_replication_slots WHERE slot_name = $1`, c.opts.slot).
+		Scan(&confirmed, &walStatus, &s.active, &s.plugin, &s.sameDatabase)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("read slot %q: %w", c.opts.slot, err)
+	}
+	s.exists = true
+	if walStatus != nil {
+		s.walStatus = *walStatus
+	}
+	if confirmed != nil {
+		if s.confirmed, err = canonical.ParsePosition(*confirmed); err != nil {
+			return s, fmt.Errorf("read slot %q: %w", c.opts.slot, err)
+		}
+	}
+	return s, nil
+}
+
+// slotInUseWait bounds how long stream waits for a slot that is active,
+// which is mostly a walsender of an interrupted stream still exiting.
+const slotInUseWait = 5 * time.Second
+
+// checkSlot reads the slot, creating it when from is zero and it is
+// missing, waits a moment for an active slot to be released, and applies
+// the resume rules that can be decided before streaming.
+func (c *Conn) checkSlot(ctx context.Context, from canonical.Position) (replSlotState, error) {
+	deadline := time.Now().Add(slotInUseWait)
+	for {
+		s, err := c.readSlot(ctx)
+		if err != nil {
+			return s, err
+		}
+		switch {
+		case !s.exists && from != 0:
+			return s, &ResumeGapError{Slot: c.opts.slot, Requested: from, Reason: GapSlotMissing}
+		case !s.exists:
+			if _, err := c.ensureSlot(ctx); err != nil {
+				return s, err
+			}
+			continue
+		case !s.sameDatabase:
+			return s, fmt.Errorf("slot %q belongs to another database: choose another name with WithSlot", c.opts.slot)
+		case s.plugin != "pgoutput":
+			return s, fmt.Errorf("slot %q uses the %q plugin: siphon needs a pgoutput slot; drop it or choose another name with WithSlot", c.opts.slot, s.plugin)
+		case s.walStatus == "lost":
+			return s, &ResumeGapError{Slot: c.opts.slot, Requested: from, Confirmed: s.confirmed, Reason: GapSlotLost}
+		case s.active && time.Now().Before(deadline):
+			select {
+			case <-ctx.Done():
+				return s, context.Cause(ctx)
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		case s.active:
+			return s, fmt.Errorf("slot %q: %w", c.opts.slot, ErrSlotInUse)
+		}
+		var pub bool
+		if err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)", c.opts.publication).Scan(&pub); err != nil {
+			return s, fmt.Errorf("look up publication %q: %w", c.opts.publication, err)
+		}
+		if !pub {
+			return s, fmt.Errorf("publication %q does not exist but slot %q does: create the publication, then take a new snapshot (changes made before a publication exists cannot be streamed)", c.opts.publication, c.opts.slot)
+		}
+		return s, nil
+	}
+}
+
+// insertPosition returns pg_current_wal_insert_lsn(), moved back to the
+// previous page boundary when it points just past a page header (see
+// walBoundary).
+func (c *Conn) insertPosition(ctx context.Context) (canonical.Position, error) {
+	var (
+		lsn                string
+		blockSize, segSize int64
+	)
+	err := c.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text,
+		(SELECT setting::int8 FROM pg_settings WHERE name = 'wal_block_size'),
+		(SELECT setting::int8 FROM pg_settings WHERE name = 'wal_segment_size')`).Scan(&lsn, &blockSize, &segSize)
+	if err != nil {
+		return 0, fmt.Errorf("read the WAL insert position: %w", err)
+	}
+	pos, err := canonical.ParsePosition(lsn)
+	if err != nil {
+		return 0, err
+	}
+	return walBoundary(pos, blockSize, segSize), nil
+}
+
+// walBoundary maps a WAL insert position to the end of the last record
+// before it. The insert position points past a page's header when the last
+// record ended exactly at the page boundary, while that record's end (what
+// the walsender reports) is the boundary itself; without this, waiting for
+// the walsender to reach the insert position could wait forever on an idle
+// server.
+func walBoundary(pos canonical.Position, blockSize, segSize int64) canonical.Position {
+	const shortHeader, longHeader = 24, 40 // MAXALIGNed XLogPageHeaderData, XLogLongPageHeaderData
+	if segSize > 0 && int64(pos)%segSize == longHeader {
+		return pos - longHeader
+	}
+	if blockSize > 0 && int64(pos)%blockSize == shortHeader {
+		return pos - shortHeader
+	}
+	return pos
+}
+
+// senderTimeout reads wal_sender_timeout (0: disabled).
+func (c *Conn) senderTimeout(ctx context.Context) (time.Duration, error) {
+	var ms int64
+	if err := c.pool.QueryRow(ctx, "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_sender_timeout'").Scan(&ms); err != nil {
+		return 0, fmt.Errorf("read wal_sender_timeout: %w", err)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// stream runs one replication session: it checks the slot, starts
+// replication and hands each change to emit until ctx ends, the bound is
+// reached, or an error stops it.
+func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical.Change) error) (streamResult, error) {
+	res := streamResult{acked: cfg.from}
+	slot, err := c.checkSlot(ctx, cfg.from)
+	if err != nil {
+		return setupFailed(ctx, res, err, cfg.from)
+	}
+	st := &streamState{
+		cfg: cfg, emit: emit, slot: c.opts.slot,
+		startConfirmed: slot.confirmed, lastEnd: max(cfg.from, slot.confirmed),
+	}
+	st.acked.Store(uint64(max(cfg.from, slot.confirmed)))
+	if cfg.from != 0 && cfg.from < slot.confirmed {
+		// Only a heartbeat written when the slot was advanced can show that
+		// nothing was published between from and the slot's position; wait
+		// for it until the walsender has read all WAL written so far.
+		st.pendingGap, st.lastEnd = true, cfg.from
+		if st.probeEnd, err = c.insertPosition(ctx); err != nil {
+			return setupFailed(ctx, res, err, cfg.from)
+		}
+	}
+	res.acked = st.resumePos()
+	timeout, err := c.senderTimeout(ctx)
+	if err != nil {
+		return setupFailed(ctx, res, err, res.acked)
+	}
+
+	conn, err := c.openStreamSession(ctx)
+	if err != nil {
+		return setupFailed(ctx, res, err, res.acked)
+	}
+	defer c.closeReplication(conn)
+	if cfg.onStart != nil {
+		info, err := identifySource(ctx, conn)
+		if err != nil {
+			return setupFailed(ctx, res, err, res.acked)
+		}
+		if err := cfg.onStart(max(cfg.from, slot.confirmed), info); err != nil {
+			return res, err
+		}
+	}
+	err = pglogrepl.StartReplication(ctx, conn, c.opts.slot, pglogrepl.LSN(cfg.from), pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + c.opts.publication + "'", "messages 'true'"},
+	})
+	if err != nil {
+		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.acked)
+	}
+	c.log.Info("stream started", "slot", c.opts.slot, "from", cfg.from, "slot_position", slot.confirmed)
+	return c.run(ctx, conn, st, timeout)
+}
+
+// closeReplication closes a replication session and waits (briefly) until
+// its walsender has released the slot, so that the caller can stream again
+// or drop the slot right away.
+func (c *Conn) closeReplication(conn *pgconn.PgConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pid := conn.PID()
+	conn.Close(ctx)
+	for {
+		var held bool
+		err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)",
+			c.opts.slot, int64(pid)).Scan(&held)
+		if err != nil || !held {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// identifySource reads the system identifier, timeline and server version.
+func identifySource(ctx context.Context, conn *pgconn.PgConn) (streamInfo, error) {
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return streamInfo{}, fmt.Errorf("identify system: %w", err)
+	}
+	return streamInfo{systemID: sys.SystemID, timeline: uint32(sys.Timeline), serverVersion: conn.ParameterStatus("server_version")}, nil
+}
+
+// run drives a started replication session: the wire reader decodes in its
+// goroutine, heartbeats are written in another, and this goroutine emits
+// and acknowledges. Both goroutines are joined before run returns.
+func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, st *streamState, senderTimeout time.Duration) (streamResult, error) {
+	statusEvery := c.opts.statusInterval
+	// While emit holds the stream back the reader cannot see keepalives, so
+	// it sends status updates often enough for wal_sender_timeout alone.
+	keepAlive := statusEvery
+	if senderTimeout > 0 && senderTimeout/3 < keepAlive {
+		keepAlive = senderTimeout / 3
+	}
+	w := &wire{
+		conn:        conn,
+		acked:       &st.acked,
+		probing:     &st.probing,
+		statusEvery: statusEvery,
+		keepAlive:   keepAlive,
+		out:         make(chan []item, batchesInFlight),
+		free:        make(chan []item, batchesInFlight+2),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
+	}
+	// The reader and the heartbeat writer are stopped and joined however
+	// the loop ends, a panicking emit included.
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	w.dec = pgoutput.NewDecoder(func(rel *pgoutput.Relation, types map[uint32]pgoutput.TypeName) error {
+		return c.resolveColumns(runCtx, rel, types)
+	})
+	st.probing.Store(st.pendingGap || st.cfg.bound != 0)
+	hb := c.startHeartbeats(st)
+	go w.run()
+	defer func() {
+		close(w.stop)
+		cancelRun()
+		conn.Conn().SetReadDeadline(time.Now()) // wake the reader
+		<-w.done
+		hb.stop()
+	}()
+
+	res, err := st.loop(ctx, w, hb.requests, statusEvery)
+	res.acked = st.resumePos()
+	if err != nil {
+		return res, wrapStreamError(err, res.acked)
+	}
+	return res, nil
+}
+
+// wrapStreamError turns connection failures into a *StreamInterruptedError
+// and prefixes the rest.
+func wrapStreamError(err error, pos canonical.Position) error {
+	var (
+		gap   *ResumeGapError
+		intr  *StreamInterruptedError
+		emitE *emitError
+		pgErr *pgconn.PgError
+	)
+	switch {
+	case errors.As(err, &gap), errors.As(err, &intr):
+		return err
+	case errors.As(err, &emitE):
+		return emitE
+	case errors.As(err, &pgErr) && pgErr.Code == "55006": // object in use: the slot was taken meanwhile
+		return fmt.Errorf("siphon: stream changes: %w: %v", ErrSlotInUse, err)
+	case isInterruption(err):
+		return &StreamInterruptedError{Position: pos, Err: err}
+	}
+	return fmt.Errorf("siphon: stream changes: %w", err)
+}
+
+// interrupted reports whether err means the session broke and a new one may
+// succeed: network errors, a server shutting down or terminating the
+// walsender, connection failures.
+func isInterruption(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "57", "08": // operator intervention, connection exception
+			return true
+		}
+		return pgErr.Code == "53300" // too many connections
+	}
+	var netErr net.Error
+	var connectErr *pgconn.ConnectError
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errServerEndedStream) ||
+		errors.As(err, &netErr) || errors.As(err, &connectErr)
+}
+
+// emitError is an error returned by the caller's emit.
+type emitError struct {
+	op  canonical.Op
+	pos canonical.Position
+	err error
+}
+
+func (e *emitError) Error() string {
+	return fmt.Sprintf("siphon: stream changes: emit %v at %v: %v", e.op, e.pos, e.err)
+}
+
+func (e *emitError) Unwrap() error { return e.err }
+
+// resolveColumns completes a Relation message's columns from the catalog:
+// the type as format_type prints it (as InspectSchema does) and
+// nullability. pgoutput sends neither. The catalog is today's, not the
+// historic one; for a type that no longer exists the Type message's name is
+// used.
+func (c *Conn) resolveColumns(ctx context.Context, rel *pgoutput.Relation, types map[uint32]pgoutput.TypeName) error {
+	n := len(rel.Columns)
+	oids, mods, names := make([]int64, n), make([]int32, n), make([]string, n)
+	for i, col := range rel.Columns {
+		oids[i], mods[i], names[i] = int64(col.TypeOID), rel.TypeModifiers[i], col.Name
+	}
+	rows, err := c.pool.Query(ctx, `SELECT format_type(u.oid::oid, u.typmod), coalesce(NOT a.attnotnull, true)
+		FROM unnest($1::int8[], $2::int4[], $3::text[]) WITH ORDINALITY AS u(oid, typmod, name, n)
+		LEFT JOIN pg_attribute a ON a.attrelid = $4::int8::oid AND a.attname = u.name AND a.attnum > 0 AND NOT a.attisdropped
+		ORDER BY u.n`, oids, mods, names, int64(rel.ID))
+	if err != nil {
+		return err
+	}
+	i := 0
+	for rows.Next() {
+		var typ *string
+		if i >= n {
+			break
+		}
+		if err := rows.Scan(&typ, &rel.Columns[i].Nullable); err != nil {
+			rows.Close()
+			return err
+		}
+		switch t, known := types[rel.Columns[i].TypeOID]; {
+		case typ != nil && *typ != "???":
+			rel.Columns[i].Type = *typ
+		case known:
+			rel.Columns[i].Type = pgx.Identifier{t.Schema, t.Name}.Sanitize()
+		default:
+			rel.Columns[i].Type = fmt.Sprintf("oid %d", rel.Columns[i].TypeOID)
+		}
+		i++
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// heartbeats is the running heartbeat writer of one stream.
+type heartbeats struct {
+	requests chan struct{}
+	stop     func()
+}
+
+// startHeartbeats starts the goroutine that writes heartbeat messages: at
+// the WithHeartbeat interval, and whenever the stream asks for one to
+// advance an idle slot.
+func (c *Conn) startHeartbeats(st *streamState) heartbeats {
+	hb := heartbeats{requests: make(chan struct{}, 1), stop: func() {}}
+	if st.cfg.holdAck {
+		return hb // the slot does not move: nothing to vouch for
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var tick <-chan time.Time
+		if c.opts.heartbeat > 0 {
+			t := time.NewTicker(c.opts.heartbeat)
+			defer t.Stop()
+			tick = t.C
+		}
+		failing := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick:
+			case <-hb.requests:
+			}
+			err := c.writeHeartbeat(ctx, canonical.Position(st.lastEndShared.Load()))
+			switch {
+			case err != nil && ctx.Err() == nil && !failing:
+				c.log.Warn("heartbeat failed; the slot advances only with published transactions until it works", "slot", c.opts.slot, "err", err)
+				failing = true
+			case err == nil && failing:
+				c.log.Info("heartbeat works again", "slot", c.opts.slot)
+				failing = false
+			}
+		}
+	}()
+	hb.stop = func() { cancel(); wg.Wait() }
+	return hb
+}
+
+// setupFailed returns the error that stopped a stream before it started,
+// unless ctx ended meanwhile: cancellation is the normal stop.
+func setupFailed(ctx context.Context, res streamResult, err error, pos canonical.Position) (streamResult, error) {
+	if ctx.Err() != nil {
+		return res, nil
+	}
+	return res, wrapStreamError(err, pos)
+}
+
+// openStreamSession opens the replication session a stream reads from:
+// a replication=database session with siphon's session settings (which the
+// walsender's output functions use too), whose socket reads coalesce (see
+// coalescingConn).
+func (c *Conn) openStreamSession(ctx context.Context) (*pgconn.PgConn, error) {
+	config := c.config.Config.Copy()
+	config.RuntimeParams["replication"] = "database"
+	dial := config.DialFunc
+	config.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return newCoalescingConn(conn), nil
+	}
+	conn, err := pgconn.ConnectConfig(ctx, config)
+	if err != nil {
+		return nil, fmt.Errorf("open replication session: %w", err)
+	}
+	return conn, nil
+}

@@ -1,0 +1,144 @@
+package siphon
+
+import (
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const (
+	// coalesceBuffer is how much one socket read may take.
+	coalesceBuffer = 64 << 10
+	// coalesceLowWater is the receive low-water mark while the stream is
+	// busy: the kernel wakes the reader once this much has arrived.
+	coalesceLowWater = 16 << 10
+	// coalesceWait bounds how long data below the low-water mark waits.
+	coalesceWait = time.Millisecond
+	// coalesceBusy: reads closer together than this mean a busy stream.
+	coalesceBusy = 500 * time.Microsecond
+)
+
+// coalescingConn is the replication socket, read so that a busy stream
+// costs few system calls. The walsender writes each message on its own, so
+// a reader that keeps up wakes and reads once per row: that is most of a
+// client's CPU per row, and on a small machine it is taken from the
+// walsender. While reads come close together, coalescingConn raises the
+// socket's receive low-water mark (SO_RCVLOWAT, where the platform has it)
+// so the kernel wakes the reader only once 16 KiB have arrived, and reads up
+// to 64 KiB at once. Less than that is read after at most coalesceWait,
+// and the low-water mark then drops back to one byte until the stream is
+// busy again, so an idle stream is read as promptly as before.
+//
+// Only the stream's reader goroutine reads. Deadlines, which another
+// goroutine may set to wake the reader, are kept as the outer bound of
+// every read.
+type coalescingConn struct {
+	net.Conn
+	raw      syscall.RawConn // nil when the low-water mark cannot be set
+	buf      []byte
+	r, w     int
+	lowWater bool
+	lastRead time.Time
+
+	mu    sync.Mutex
+	outer time.Time // the deadline set from outside
+}
+
+func newCoalescingConn(conn net.Conn) net.Conn {
+	c := &coalescingConn{Conn: conn, buf: make([]byte, coalesceBuffer)}
+	if tcp, ok := conn.(*net.TCPConn); ok && lowWaterSupported {
+		c.raw, _ = tcp.SyscallConn()
+	}
+	return c
+}
+
+func (c *coalescingConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.outer = t
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *coalescingConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.outer = t
+	return c.Conn.SetDeadline(t)
+}
+
+// shortDeadline bounds the next read by coalesceWait within the outer
+// deadline.
+func (c *coalescingConn) shortDeadline() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := time.Now().Add(coalesceWait)
+	if !c.outer.IsZero() && c.outer.Before(d) {
+		d = c.outer
+	}
+	c.Conn.SetReadDeadline(d)
+}
+
+// slowedDown handles a read that timed out while the low-water mark was up:
+// unless the outer deadline passed (then the timeout is the caller's), it
+// drops the mark and restores the outer deadline, and reports true.
+func (c *coalescingConn) slowedDown() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.outer.IsZero() && !time.Now().Before(c.outer) {
+		return false
+	}
+	// Should dropping the mark fail, reads go on in short waits.
+	if c.setLowWater(false); !c.lowWater {
+		c.Conn.SetReadDeadline(c.outer)
+	}
+	return true
+}
+
+func (c *coalescingConn) Read(b []byte) (int, error) {
+	if c.r < c.w {
+		n := copy(b, c.buf[c.r:c.w])
+		c.r += n
+		return n, nil
+	}
+	c.r, c.w = 0, 0
+	for {
+		if c.lowWater {
+			c.shortDeadline()
+		}
+		n, err := c.Conn.Read(c.buf)
+		if c.lowWater && errors.Is(err, os.ErrDeadlineExceeded) && c.slowedDown() {
+			// Less than the low-water mark came within coalesceWait: read
+			// what there is.
+			continue
+		}
+		now := time.Now()
+		if n > 0 && !c.lowWater && now.Sub(c.lastRead) < coalesceBusy {
+			c.setLowWater(true)
+		}
+		c.lastRead = now
+		c.w = n
+		c.r = copy(b, c.buf[:n])
+		return c.r, err
+	}
+}
+
+func (c *coalescingConn) setLowWater(on bool) {
+	if c.raw == nil {
+		return
+	}
+	v := 1
+	if on {
+		v = coalesceLowWater
+	}
+	var err error
+	if cerr := c.raw.Control(func(fd uintptr) { err = setLowWater(fd, v) }); cerr != nil || err != nil {
+		if on {
+			c.raw = nil // leave the socket at its default from now on
+		}
+		return
+	}
+	c.lowWater = on
+}

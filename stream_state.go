@@ -1,0 +1,257 @@
+package siphon
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+	"time"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// heartbeatPrefix is the prefix of siphon's heartbeat messages. They are
+// never emitted.
+const heartbeatPrefix = "siphon.heartbeat"
+
+// anchorMinAdvance is how far the server's WAL must have moved past the
+// acknowledged position before an idle stream writes a heartbeat to advance
+// the slot. Below it, the server's own bookkeeping records (running
+// transactions, checkpoints) would make heartbeats chase each other
+// forever; what it pins is less than a WAL page.
+const anchorMinAdvance = 8 << 10
+
+// A heartbeat message (non-transactional, prefix heartbeatPrefix) is what
+// lets the slot move past the last transaction while staying verifiable.
+// Its content names the slot, the end of the last transaction the stream
+// handled when it was written ("last"), and the WAL insert position just
+// before the message itself ("at"). When the stream reads it back with
+// nothing in flight and "last" still the last transaction's end, no
+// published transaction lies between "last" and the message: the stream
+// acknowledges "at". A consumer that restarts from "last" (the Position of
+// its last OpCommit) finds the slot at "at"; the stream then reads that same
+// heartbeat first (it starts at "at") and accepts the resume instead of
+// reporting a gap.
+type heartbeatContent struct {
+	Slot string             `json:"slot"`
+	Last canonical.Position `json:"last"`
+	At   canonical.Position `json:"at"`
+}
+
+// writeHeartbeat writes a heartbeat message. pg_current_wal_insert_lsn() is
+// evaluated before the message is inserted, so "at" is at or before the
+// message's own start.
+func (c *Conn) writeHeartbeat(ctx context.Context, last canonical.Position) error {
+	_, err := c.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1,
+		json_build_object('slot', $2::text, 'last', $3::text, 'at', pg_current_wal_insert_lsn()::text)::text)`,
+		heartbeatPrefix, c.opts.slot, last.String())
+	return err
+}
+
+// streamState is the stream loop's state. Only the loop's goroutine uses
+// it, except the atomics.
+type streamState struct {
+	cfg  streamConfig
+	emit func(canonical.Change) error
+	slot string
+
+	// acked is the acknowledged position, sent by the reader in status
+	// updates.
+	acked atomic.Uint64
+	// lastEnd is the end of the last transaction handled (or the start
+	// position); lastEndShared mirrors it for the heartbeat writer.
+	lastEnd       canonical.Position
+	lastEndShared atomic.Uint64
+	// probing asks the reader to request keepalives often.
+	probing atomic.Bool
+
+	// startConfirmed is the slot's confirmed position when the stream
+	// started. pendingGap is set while a resume from before it is not yet
+	// vouched for by the heartbeat that moved the slot there; probeEnd is
+	// the WAL insert position by which that heartbeat must have been read.
+	startConfirmed canonical.Position
+	pendingGap     bool
+	probeEnd       canonical.Position
+
+	inTx     bool // between OpBegin and OpCommit
+	skipping bool // the open transaction was delivered before from
+
+	serverEnd     canonical.Position // the latest keepalive's WAL end
+	lastAnchorEnd canonical.Position // where the last heartbeat read ended
+	anchorAsked   time.Time
+	reachedBound  bool
+}
+
+func (st *streamState) ackedPos() canonical.Position { return canonical.Position(st.acked.Load()) }
+
+// resumePos is the Position to report to the caller: the acknowledged one,
+// or from itself while a resume from behind the slot is not yet vouched
+// for (the slot's own position would skip what may be a gap).
+func (st *streamState) resumePos() canonical.Position {
+	if st.pendingGap {
+		return st.cfg.from
+	}
+	return st.ackedPos()
+}
+
+// loop receives decoded batches and handles them in order until ctx ends,
+// the bound is reached, or an error. It also asks for heartbeats when the
+// stream is idle.
+func (st *streamState) loop(ctx context.Context, w *wire, heartbeatRequests chan<- struct{}, tickEvery time.Duration) (streamResult, error) {
+	st.lastEndShared.Store(uint64(st.lastEnd))
+	tick := time.NewTicker(tickEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return streamResult{}, nil
+		case <-tick.C:
+			st.maybeAskHeartbeat(heartbeatRequests, tickEvery)
+		case b := <-w.out:
+			for i := range b {
+				if ctx.Err() != nil {
+					return streamResult{}, nil
+				}
+				done, err := st.handle(&b[i])
+				if err != nil || done {
+					return streamResult{reachedBound: st.reachedBound}, err
+				}
+			}
+			clear(b) // drop the rows: emit may keep them, the batch may not
+			select {
+			case w.free <- b[:0]:
+			default:
+			}
+		}
+	}
+}
+
+// handle handles one item; done reports that the bound was reached.
+func (st *streamState) handle(it *item) (done bool, err error) {
+	switch it.kind {
+	case itemError:
+		return false, it.err
+	case itemKeepalive:
+		st.serverEnd = max(st.serverEnd, it.walEnd)
+		if st.inTx {
+			return false, nil
+		}
+		if st.pendingGap {
+			if it.walEnd >= st.probeEnd {
+				return false, st.gapError()
+			}
+			return false, nil
+		}
+		if st.cfg.bound != 0 && it.walEnd >= st.cfg.bound {
+			st.reachedBound = true
+			return true, nil
+		}
+		return false, nil
+	}
+	ch := &it.ch
+	switch ch.Op {
+	case canonical.OpBegin:
+		st.inTx = true
+		// A transaction whose commit starts before from ends at or before
+		// it: the consumer has it. (PostgreSQL skips these too.)
+		if ch.Position < st.cfg.from {
+			st.skipping = true
+			return false, nil
+		}
+		if st.pendingGap {
+			return false, st.gapError()
+		}
+		if st.cfg.bound != 0 && ch.Position >= st.cfg.bound {
+			st.reachedBound = true // commits after the bound: the next incremental's
+			return true, nil
+		}
+	case canonical.OpCommit:
+		st.inTx = false
+		if st.skipping {
+			st.skipping = false
+			return false, nil
+		}
+		if err := st.deliver(ch); err != nil {
+			return false, err
+		}
+		st.lastEnd = ch.Position
+		st.lastEndShared.Store(uint64(ch.Position))
+		if !st.cfg.holdAck && ch.Position > st.ackedPos() {
+			st.acked.Store(uint64(ch.Position))
+		}
+		return false, nil
+	case canonical.OpMessage:
+		if ch.Message.Prefix == heartbeatPrefix {
+			if !ch.Message.Transactional {
+				return false, st.heartbeat(ch)
+			}
+			return false, nil
+		}
+		if !ch.Message.Transactional {
+			switch {
+			case st.pendingGap || ch.Position <= st.cfg.from:
+				// Before the resume point: handled by an earlier session.
+				return false, nil
+			case st.cfg.bound != 0 && ch.Position > st.cfg.bound:
+				st.reachedBound = true
+				return true, nil
+			}
+		}
+	}
+	if st.skipping {
+		return false, nil
+	}
+	return false, st.deliver(ch)
+}
+
+func (st *streamState) deliver(ch *canonical.Change) error {
+	if err := st.emit(*ch); err != nil {
+		return &emitError{op: ch.Op, pos: ch.Position, err: err}
+	}
+	return nil
+}
+
+// heartbeat handles a heartbeat message read back from the stream.
+func (st *streamState) heartbeat(ch *canonical.Change) error {
+	var hb heartbeatContent
+	if json.Unmarshal(ch.Message.Content, &hb) != nil || hb.Slot != st.slot {
+		return nil // another slot's, or not siphon's
+	}
+	if st.pendingGap {
+		switch {
+		case hb.At == st.startConfirmed && hb.Last <= st.cfg.from:
+			// This heartbeat moved the slot to where it stands, and nothing
+			// was published between from and it.
+			st.pendingGap = false
+			st.probing.Store(st.cfg.bound != 0)
+		case hb.At >= st.startConfirmed:
+			return st.gapError()
+		}
+		return nil
+	}
+	st.lastAnchorEnd = max(st.lastAnchorEnd, ch.Position)
+	if !st.cfg.holdAck && hb.Last == st.lastEnd && hb.At > st.ackedPos() {
+		st.acked.Store(uint64(hb.At))
+	}
+	return nil
+}
+
+// maybeAskHeartbeat asks for a heartbeat when the stream is idle and the
+// server's WAL moved on: the slot can then advance without a published
+// transaction.
+func (st *streamState) maybeAskHeartbeat(requests chan<- struct{}, tickEvery time.Duration) {
+	if st.cfg.holdAck || st.pendingGap || st.inTx || time.Since(st.anchorAsked) < 2*tickEvery {
+		return
+	}
+	if st.serverEnd < max(st.ackedPos(), st.lastAnchorEnd)+anchorMinAdvance {
+		return
+	}
+	select {
+	case requests <- struct{}{}:
+		st.anchorAsked = time.Now()
+	default:
+	}
+}
+
+func (st *streamState) gapError() error {
+	return &ResumeGapError{Slot: st.slot, Requested: st.cfg.from, Confirmed: st.startConfirmed, Reason: GapBehindSlot}
+}

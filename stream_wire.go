@@ -1,0 +1,264 @@
+package siphon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgoutput"
+)
+
+const (
+	// batchSize is how many changes the reader hands over at once; a
+	// Commit or a keepalive hands over a partial batch.
+	batchSize = 64
+	// batchesInFlight bounds the batches decoded ahead of emit, so memory
+	// stays bounded however large a transaction is.
+	batchesInFlight = 4
+	// probeEvery is how often the reader asks the server for a keepalive
+	// while the stream waits for the walsender to reach a position
+	// (BackupIncremental's bound, the resume check).
+	probeEvery = 200 * time.Millisecond
+)
+
+var errServerEndedStream = errors.New("the server ended the replication stream")
+
+type itemKind uint8
+
+const (
+	itemChange    itemKind = iota // ch holds a decoded change
+	itemKeepalive                 // walEnd holds the server's WAL end
+	itemError                     // err ended the session
+)
+
+// item is what the reader hands to the stream loop, in stream order.
+type item struct {
+	kind   itemKind
+	ch     canonical.Change
+	walEnd canonical.Position
+	err    error
+}
+
+// wire owns the replication connection: it reads and decodes messages,
+// answers keepalives and sends status updates, in one goroutine. The stream
+// loop never touches the connection; it publishes the acknowledged position
+// through acked.
+type wire struct {
+	conn        *pgconn.PgConn
+	dec         *pgoutput.Decoder
+	acked       *atomic.Uint64
+	probing     *atomic.Bool
+	statusEvery time.Duration // status update interval (WithStatusInterval)
+	keepAlive   time.Duration // status interval while blocked on the loop
+
+	out  chan []item // decoded batches, to the loop
+	free chan []item // emptied batches, back from the loop
+	stop chan struct{}
+	done chan struct{}
+
+	batch      []item
+	nextStatus time.Time
+	nextProbe  time.Time
+	deadline   time.Time
+}
+
+func (w *wire) run() {
+	defer close(w.done)
+	w.batch = w.newBatch()
+	// A first status update right away: it confirms the start position and,
+	// when probing, asks for a keepalive.
+	if err := w.sendStatus(w.probing.Load()); err != nil {
+		w.fail(err)
+		return
+	}
+	now := time.Now()
+	w.nextStatus, w.nextProbe = now.Add(w.statusEvery), now.Add(probeEvery)
+	for {
+		w.armDeadline()
+		select {
+		case <-w.stop:
+			w.sendStatus(false) // best effort: the slot learns the final position now
+			return
+		default:
+		}
+		msg, err := w.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			if isReadTimeout(err) {
+				if err := w.timers(); err != nil {
+					w.fail(err)
+					return
+				}
+				continue
+			}
+			w.fail(err)
+			return
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			err = w.copyData(m.Data)
+		case *pgproto3.ErrorResponse:
+			err = pgconn.ErrorResponseToPgError(m)
+		case *pgproto3.CopyDone:
+			err = errServerEndedStream
+		}
+		if err == errWireStopped {
+			return
+		}
+		if err != nil {
+			w.fail(err)
+			return
+		}
+	}
+}
+
+var errWireStopped = errors.New("stopped")
+
+// armDeadline sets the read deadline to the next timer, so a read returns
+// in time to send a status update or a probe.
+func (w *wire) armDeadline() {
+	d := w.nextStatus
+	if w.probing.Load() && w.nextProbe.Before(d) {
+		d = w.nextProbe
+	}
+	if !d.Equal(w.deadline) {
+		w.conn.Conn().SetReadDeadline(d)
+		w.deadline = d
+	}
+}
+
+// timers sends the status update or probe that is due.
+func (w *wire) timers() error {
+	now := time.Now()
+	probe := w.probing.Load() && !now.Before(w.nextProbe)
+	if probe || !now.Before(w.nextStatus) {
+		if err := w.sendStatus(probe); err != nil {
+			return err
+		}
+		w.nextStatus = now.Add(w.statusEvery)
+		if probe {
+			w.nextProbe = now.Add(probeEvery)
+		}
+	}
+	w.deadline = time.Time{} // re-arm: the old deadline has passed
+	return nil
+}
+
+// sendStatus acknowledges the stream loop's position, as write, flush and
+// apply position alike (pglogrepl would otherwise fill in flush and apply
+// from write).
+func (w *wire) sendStatus(reply bool) error {
+	pos := pglogrepl.LSN(w.acked.Load())
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), w.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos,
+		ClientTime: time.Now(), ReplyRequested: reply,
+	})
+	if err != nil {
+		return fmt.Errorf("send status update: %w", err)
+	}
+	return nil
+}
+
+func (w *wire) copyData(data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return err
+		}
+		if ka.ReplyRequested {
+			if err := w.sendStatus(false); err != nil {
+				return err
+			}
+			w.nextStatus = time.Now().Add(w.statusEvery)
+		}
+		w.batch = append(w.batch, item{kind: itemKeepalive, walEnd: canonical.Position(ka.ServerWALEnd)})
+		return w.flush()
+	case pglogrepl.XLogDataByteID:
+		const header = 1 + 24 // type, WAL start, WAL end, send time
+		if len(data) < header+1 {
+			return fmt.Errorf("short XLogData message (%d bytes)", len(data))
+		}
+		w.batch = append(w.batch, item{kind: itemChange})
+		it := &w.batch[len(w.batch)-1]
+		ok, err := w.dec.Decode(data[header:], &it.ch)
+		if err != nil || !ok {
+			w.batch = w.batch[:len(w.batch)-1]
+			return err
+		}
+		op := it.ch.Op
+		if len(w.batch) == cap(w.batch) || op == canonical.OpCommit || op == canonical.OpMessage && !it.ch.Message.Transactional {
+			return w.flush()
+		}
+	}
+	return nil
+}
+
+// flush hands the current batch to the stream loop. While the loop is busy
+// (a slow emit) it keeps sending status updates, since it cannot read the
+// server's keepalives meanwhile. It returns errWireStopped when the loop asked
+// the reader to stop.
+func (w *wire) flush() error {
+	if len(w.batch) == 0 {
+		return nil
+	}
+	b := w.batch
+	w.batch = w.newBatch()
+	select {
+	case w.out <- b:
+		return nil
+	default:
+	}
+	t := time.NewTimer(w.keepAlive)
+	defer t.Stop()
+	for {
+		select {
+		case w.out <- b:
+			return nil
+		case <-w.stop:
+			w.sendStatus(false)
+			return errWireStopped
+		case <-t.C:
+			// A failed send shows up as a read error next.
+			w.sendStatus(false)
+			w.nextStatus = time.Now().Add(w.statusEvery)
+			t.Reset(w.keepAlive)
+		}
+	}
+}
+
+// fail hands what was decoded, then err, to the stream loop.
+func (w *wire) fail(err error) {
+	w.batch = append(w.batch, item{kind: itemError, err: err})
+	b := w.batch
+	w.batch = nil
+	select {
+	case w.out <- b:
+	case <-w.stop:
+	}
+}
+
+func (w *wire) newBatch() []item {
+	select {
+	case b := <-w.free:
+		return b
+	default:
+		return make([]item, 0, batchSize)
+	}
+}
+
+func isReadTimeout(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout()
+}
