@@ -73,6 +73,7 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 	// ratio to psql runs interleaved with it.
 	measure := func(b *testing.B, reference bool, run func()) {
 		b.SetBytes(copyBytes)
+		b.ReportAllocs()
 		var ours, theirs time.Duration
 		for b.Loop() {
 			if reference {
