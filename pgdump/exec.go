@@ -51,24 +51,42 @@ type ExitError struct {
 	Stderr string
 }
 
-// Error names the program, its status and its last error lines.
+// Error names the program, its status and its first error line (the rest
+// is in Stderr).
 func (e *ExitError) Error() string {
 	name := "program"
 	if len(e.Args) > 0 {
 		name = e.Args[0]
 	}
-	msg := strings.TrimSpace(e.Stderr)
-	if i := strings.LastIndex(msg, "\n"); i >= 0 && len(msg) > 600 {
-		msg = "..." + msg[i:]
-	}
-	if msg == "" {
-		msg = "no error output"
-	}
 	status := fmt.Sprintf("exit status %d", e.ExitCode)
 	if e.ExitCode < 0 {
 		status = "killed by a signal"
 	}
-	return fmt.Sprintf("pgdump: %s: %s: %s", name, status, msg)
+	return fmt.Sprintf("pgdump: %s: %s: %s", name, status, stderrSummary(e.Stderr))
+}
+
+// stderrSummary picks the line that says what went wrong: the first
+// "error:" line (pg_dump and pg_restore print the cause first, then
+// context such as "Command was: ..."), else the last line.
+func stderrSummary(stderr string) string {
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	pick := lines[len(lines)-1]
+	for _, l := range lines {
+		if strings.Contains(l, "error:") {
+			pick = l
+			break
+		}
+	}
+	if pick == "" {
+		return "no error output"
+	}
+	if len(pick) > 500 {
+		pick = pick[:500] + "..."
+	}
+	if len(lines) > 1 {
+		pick += " (more in ExitError.Stderr)"
+	}
+	return pick
 }
 
 // command is one run of a program.

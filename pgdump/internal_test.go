@@ -99,3 +99,12 @@ func TestParseListing(t *testing.T) {
 	_, err = parseListing(strings.NewReader("not a listing line\n"))
 	assert.Error(t, err)
 }
+
+func TestExitErrorNamesTheFirstError(t *testing.T) {
+	t.Parallel()
+	e := &ExitError{Args: []string{"/usr/bin/pg_restore", "--list"}, ExitCode: 1, Stderr: "pg_restore: warning: x\n" +
+		"pg_restore: error: could not execute query: ERROR:  relation \"a\" already exists\nCommand was: CREATE TABLE a ();\n"}
+	assert.Equal(t, `pgdump: /usr/bin/pg_restore: exit status 1: pg_restore: error: could not execute query: ERROR:  relation "a" already exists (more in ExitError.Stderr)`, e.Error())
+	e = &ExitError{Args: []string{"pg_dump"}, ExitCode: -1}
+	assert.Equal(t, "pgdump: pg_dump: killed by a signal: no error output", e.Error())
+}
