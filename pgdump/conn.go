@@ -52,7 +52,7 @@ var ErrInvalidDSN = errors.New("pgdump: invalid connection string")
 func ParseDSN(dsn string) (Conn, error) {
 	config, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return Conn{}, fmt.Errorf("%w: write it as postgres://user@host:5432/dbname?sslmode=... or host=... dbname=... user=...", ErrInvalidDSN)
+		return Conn{}, fmt.Errorf("%w: write it as postgres://user@host:5432/dbname?sslmode=require or host=h dbname=d user=u", ErrInvalidDSN)
 	}
 	raw, err := rawSettings(dsn)
 	if err != nil {

@@ -161,18 +161,6 @@ func processes(t *testing.T, name, marker string) map[int]int {
 	return found
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // groupGone reports whether no process of the group is left.
 func groupGone(pgid int) bool { return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) }
 
@@ -366,7 +354,7 @@ func TestParseDSN(t *testing.T) {
 	assert.Equal(t, pgdump.Conn{Host: "db.example", Port: 6543, Database: "my db", User: "u", Password: "s:cret",
 		SSLMode: "require", ApplicationName: "app"}, c)
 
-	c, err = pgdump.ParseDSN(`host=/tmp port=5433 dbname='it''s' user=bob password='a b\'c' sslmode=disable`)
+	_, err = pgdump.ParseDSN(`host=/tmp port=5433 dbname='it''s' user=bob password='a b\'c' sslmode=disable`)
 	require.Error(t, err, "'' is not an escape in libpq")
 	c, err = pgdump.ParseDSN(`host=/tmp port=5433 dbname='it\'s' user=bob password='a b\'c' sslmode=disable`)
 	require.NoError(t, err)
