@@ -578,11 +578,7 @@ func TestSnapshotDDLDuringCopyWaits(t *testing.T) {
 			_, err := other.Exec(ctx, `ALTER TABLE b DROP COLUMN v`)
 			ddl <- err
 		}()
-		require.Eventually(t, func() bool {
-			var waiting bool
-			require.NoError(t, admin.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
-			return waiting
-		}, 10*time.Second, time.Millisecond, "the ALTER TABLE waits for the copy")
+		snapWaitForLock(t, admin, pid, ddl)
 		return nil
 	})
 	require.NoError(t, err)
@@ -720,6 +716,25 @@ func TestSnapshotCopyCancelled(t *testing.T) {
 	assertNoLeaks(t, dsn, slot)
 }
 
+// snapWaitForLock waits until the session pid waits for a lock, and fails
+// if its statement finished instead.
+func snapWaitForLock(t *testing.T, admin *pgx.Conn, pid uint32, done chan error) {
+	t.Helper()
+	var waiting bool
+	require.Eventually(t, func() bool {
+		if len(done) > 0 {
+			return true
+		}
+		err := admin.QueryRow(context.Background(), `SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, time.Millisecond)
+	if !waiting {
+		err := <-done
+		done <- err
+		require.Fail(t, "the DDL did not wait for the copy", "it returned %v", err)
+	}
+}
+
 // DDL that queues for a table between the locks of two copying sessions
 // would deadlock with the copy (the second session waits for the DDL, which
 // waits for the first): the copy fails instead, naming the table.
@@ -752,11 +767,7 @@ func TestSnapshotDDLQueuedDuringParallelCopy(t *testing.T) {
 			_, err := other.Exec(ctx, `ALTER TABLE b ADD COLUMN c int`)
 			ddl <- err
 		}()
-		require.Eventually(t, func() bool {
-			var waiting bool
-			require.NoError(t, admin.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
-			return waiting
-		}, 10*time.Second, time.Millisecond)
+		snapWaitForLock(t, admin, pid, ddl)
 		return nil
 	})
 	if err != nil {
