@@ -25,7 +25,8 @@ var ErrStreamInterrupted = errors.New("siphon: change stream interrupted")
 // (pg_terminate_backend, wal_sender_timeout). It is retryable: call
 // [Conn.StreamChanges] again from Position, and nothing is lost or repeated.
 type StreamInterruptedError struct {
-	// Position is the last acknowledged Position: where to resume from.
+	// Position is where to resume from: the end of the last transaction
+	// whose OpCommit emit returned nil, or the stream's start.
 	Position canonical.Position
 	Err      error
 }
@@ -89,25 +90,34 @@ func (e *ResumeGapError) Error() string {
 // whose OpCommit emit returned nil, so a consumer that records the Position
 // of the last OpCommit it handled can restart from it and see nothing twice
 // and miss nothing. When nothing is in flight and the server's WAL moves on
-// without published changes, siphon writes a heartbeat message recording the
-// last transaction's end and advances the slot to it, so an idle slot does
-// not pin WAL; a later restart from that last OpCommit Position is still
-// accepted (see [WithHeartbeat]).
+// without published changes, siphon writes a heartbeat message (a logical
+// decoding message recording the last transaction's end) and advances the
+// slot to it, so an idle slot does not pin WAL; a later restart from that
+// last OpCommit Position is still accepted, since the heartbeat vouches that
+// nothing was published in between (see [WithHeartbeat]).
 //
 // StreamChanges runs until ctx is cancelled, which is the normal stop: it
-// then returns the last acknowledged Position and nil. An emit error stops
-// the stream and is returned wrapped. A broken connection returns a
-// [*StreamInterruptedError] (retryable). Resuming from a Position the slot
-// has passed, or from a lost or dropped slot, returns a [*ResumeGapError]
-// before anything is emitted. A slot in use by another session returns
-// [ErrSlotInUse]. A missing slot is created (with the publication first)
-// only when from is zero.
+// then returns the Position to resume from and nil. That Position is the end
+// of the last transaction whose OpCommit emit returned nil (from itself, or
+// the slot's position for a zero from, when there was none): what a
+// consumer records, although a heartbeat may have moved the slot past it.
+// An emit error stops the stream and is returned wrapped, with the same
+// Position. A broken connection returns a [*StreamInterruptedError]
+// (retryable). Resuming from a Position the slot has passed, or from a lost
+// or dropped slot, returns a [*ResumeGapError] before anything is emitted.
+// A slot in use by another session returns [ErrSlotInUse], after waiting up
+// to 5 seconds for it to be released (the walsender of an interrupted stream
+// takes a moment to exit). A missing slot is created (with the publication
+// first) only when from is zero.
+//
+// Memory stays bounded however large a transaction is: a few hundred
+// decoded changes at most wait for emit.
 func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
 	if emit == nil {
 		return from, errors.New("siphon: stream changes: emit is nil")
 	}
 	res, err := c.stream(ctx, streamConfig{from: from}, emit)
-	return res.acked, err
+	return res.resume, err
 }
 
 // CurrentPosition makes sure the publication and then the persistent slot
@@ -126,7 +136,7 @@ func (c *Conn) CurrentPosition(ctx context.Context) (canonical.Position, error) 
 	if created.Created {
 		return created.ConsistentPoint, nil
 	}
-	pos, err := c.insertPosition(ctx)
+	pos, _, err := c.insertPosition(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("siphon: current position: %w", err)
 	}
@@ -153,7 +163,7 @@ func (c *Conn) CurrentPosition(ctx context.Context) (canonical.Position, error) 
 // again with the same since. Errors are those of [Conn.StreamChanges]; a
 // cancelled ctx returns its error, since the output is incomplete.
 func (c *Conn) BackupIncremental(ctx context.Context, since canonical.Position, w io.Writer) (canonical.Position, error) {
-	bound, err := c.insertPosition(ctx)
+	_, bound, err := c.insertPosition(ctx)
 	if err != nil {
 		return since, fmt.Errorf("siphon: incremental backup: %w", err)
 	}
@@ -223,7 +233,7 @@ type streamInfo struct {
 }
 
 type streamResult struct {
-	acked        canonical.Position
+	resume       canonical.Position // where to resume from
 	reachedBound bool
 }
 
@@ -275,6 +285,7 @@ const slotInUseWait = 5 * time.Second
 // the resume rules that can be decided before streaming.
 func (c *Conn) checkSlot(ctx context.Context, from canonical.Position) (replSlotState, error) {
 	deadline := time.Now().Add(slotInUseWait)
+	warned := false
 	for {
 		s, err := c.readSlot(ctx)
 		if err != nil {
@@ -294,6 +305,10 @@ func (c *Conn) checkSlot(ctx context.Context, from canonical.Position) (replSlot
 			return s, fmt.Errorf("slot %q uses the %q plugin: siphon needs a pgoutput slot; drop it or choose another name with WithSlot", c.opts.slot, s.plugin)
 		case s.walStatus == "lost":
 			return s, &ResumeGapError{Slot: c.opts.slot, Requested: from, Confirmed: s.confirmed, Reason: GapSlotLost}
+		case s.walStatus == "unreserved" && !warned:
+			c.log.Warn("replication slot is about to lose the WAL it needs (wal_status unreserved): consume faster or raise max_slot_wal_keep_size", "slot", c.opts.slot)
+			warned = true
+			continue
 		case s.active && time.Now().Before(deadline):
 			select {
 			case <-ctx.Done():
@@ -315,25 +330,25 @@ func (c *Conn) checkSlot(ctx context.Context, from canonical.Position) (replSlot
 	}
 }
 
-// insertPosition returns pg_current_wal_insert_lsn(), moved back to the
-// previous page boundary when it points just past a page header (see
+// insertPosition returns pg_current_wal_insert_lsn() as is, and moved back
+// to the previous page boundary when it points just past a page header (see
 // walBoundary).
-func (c *Conn) insertPosition(ctx context.Context) (canonical.Position, error) {
+func (c *Conn) insertPosition(ctx context.Context) (insert, boundary canonical.Position, err error) {
 	var (
 		lsn                string
 		blockSize, segSize int64
 	)
-	err := c.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text,
+	err = c.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text,
 		(SELECT setting::int8 FROM pg_settings WHERE name = 'wal_block_size'),
 		(SELECT setting::int8 FROM pg_settings WHERE name = 'wal_segment_size')`).Scan(&lsn, &blockSize, &segSize)
 	if err != nil {
-		return 0, fmt.Errorf("read the WAL insert position: %w", err)
+		return 0, 0, fmt.Errorf("read the WAL insert position: %w", err)
 	}
-	pos, err := canonical.ParsePosition(lsn)
+	insert, err = canonical.ParsePosition(lsn)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return walBoundary(pos, blockSize, segSize), nil
+	return insert, walBoundary(insert, blockSize, segSize), nil
 }
 
 // walBoundary maps a WAL insert position to the end of the last record
@@ -366,7 +381,7 @@ func (c *Conn) senderTimeout(ctx context.Context) (time.Duration, error) {
 // replication and hands each change to emit until ctx ends, the bound is
 // reached, or an error stops it.
 func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical.Change) error) (streamResult, error) {
-	res := streamResult{acked: cfg.from}
+	res := streamResult{resume: cfg.from}
 	slot, err := c.checkSlot(ctx, cfg.from)
 	if err != nil {
 		return setupFailed(ctx, res, err, cfg.from)
@@ -376,30 +391,34 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		startConfirmed: slot.confirmed, lastEnd: max(cfg.from, slot.confirmed),
 	}
 	st.acked.Store(uint64(max(cfg.from, slot.confirmed)))
+	now, boundary, err := c.insertPosition(ctx)
+	if err != nil {
+		return setupFailed(ctx, res, err, cfg.from)
+	}
+	if cfg.from > now {
+		return res, fmt.Errorf("siphon: stream changes: position %v is ahead of the server's WAL (%v): it comes from another server or was made up", cfg.from, now)
+	}
 	if cfg.from != 0 && cfg.from < slot.confirmed {
 		// Only a heartbeat written when the slot was advanced can show that
 		// nothing was published between from and the slot's position; wait
 		// for it until the walsender has read all WAL written so far.
-		st.pendingGap, st.lastEnd = true, cfg.from
-		if st.probeEnd, err = c.insertPosition(ctx); err != nil {
-			return setupFailed(ctx, res, err, cfg.from)
-		}
+		st.pendingGap, st.lastEnd, st.probeEnd = true, cfg.from, boundary
 	}
-	res.acked = st.resumePos()
+	res.resume = st.resumePos()
 	timeout, err := c.senderTimeout(ctx)
 	if err != nil {
-		return setupFailed(ctx, res, err, res.acked)
+		return setupFailed(ctx, res, err, res.resume)
 	}
 
 	conn, err := c.openStreamSession(ctx)
 	if err != nil {
-		return setupFailed(ctx, res, err, res.acked)
+		return setupFailed(ctx, res, err, res.resume)
 	}
 	defer c.closeReplication(conn)
 	if cfg.onStart != nil {
 		info, err := identifySource(ctx, conn)
 		if err != nil {
-			return setupFailed(ctx, res, err, res.acked)
+			return setupFailed(ctx, res, err, res.resume)
 		}
 		if err := cfg.onStart(max(cfg.from, slot.confirmed), info); err != nil {
 			return res, err
@@ -409,7 +428,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + c.opts.publication + "'", "messages 'true'"},
 	})
 	if err != nil {
-		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.acked)
+		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.resume)
 	}
 	c.log.Info("stream started", "slot", c.opts.slot, "from", cfg.from, "slot_position", slot.confirmed)
 	return c.run(ctx, conn, st, timeout)
@@ -487,9 +506,9 @@ func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, st *streamState, se
 	}()
 
 	res, err := st.loop(ctx, w, hb.requests, statusEvery)
-	res.acked = st.resumePos()
+	res.resume = st.resumePos()
 	if err != nil {
-		return res, wrapStreamError(err, res.acked)
+		return res, wrapStreamError(err, res.resume)
 	}
 	return res, nil
 }
@@ -516,7 +535,7 @@ func wrapStreamError(err error, pos canonical.Position) error {
 	return fmt.Errorf("siphon: stream changes: %w", err)
 }
 
-// interrupted reports whether err means the session broke and a new one may
+// isInterruption reports whether err means the session broke and a new one may
 // succeed: network errors, a server shutting down or terminating the
 // walsender, connection failures.
 func isInterruption(err error) bool {
@@ -569,11 +588,8 @@ func (c *Conn) resolveColumns(ctx context.Context, rel *pgoutput.Relation, types
 		return err
 	}
 	i := 0
-	for rows.Next() {
+	for ; rows.Next() && i < n; i++ {
 		var typ *string
-		if i >= n {
-			break
-		}
 		if err := rows.Scan(&typ, &rel.Columns[i].Nullable); err != nil {
 			rows.Close()
 			return err
@@ -586,7 +602,6 @@ func (c *Conn) resolveColumns(ctx context.Context, rel *pgoutput.Relation, types
 		default:
 			rel.Columns[i].Type = fmt.Sprintf("oid %d", rel.Columns[i].TypeOID)
 		}
-		i++
 	}
 	rows.Close()
 	return rows.Err()

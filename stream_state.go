@@ -83,15 +83,12 @@ type streamState struct {
 
 func (st *streamState) ackedPos() canonical.Position { return canonical.Position(st.acked.Load()) }
 
-// resumePos is the Position to report to the caller: the acknowledged one,
-// or from itself while a resume from behind the slot is not yet vouched
-// for (the slot's own position would skip what may be a gap).
-func (st *streamState) resumePos() canonical.Position {
-	if st.pendingGap {
-		return st.cfg.from
-	}
-	return st.ackedPos()
-}
+// resumePos is the Position to report to the caller: the end of the last
+// transaction handled, or the start (from, or the slot's position for a
+// zero from). It is never a heartbeat's position, which may be past it: a
+// resume from it is vouched for by that heartbeat, and a consumer that
+// records its OpCommit Positions holds the same value.
+func (st *streamState) resumePos() canonical.Position { return st.lastEnd }
 
 // loop receives decoded batches and handles them in order until ctx ends,
 // the bound is reached, or an error. It also asks for heartbeats when the

@@ -329,6 +329,11 @@ func TestStreamResumeGap(t *testing.T) {
 	assert.Less(t, time.Since(began), 5*time.Second, "the gap is found promptly")
 	assert.Zero(t, emitted, "nothing emitted before the gap is reported")
 
+	_, err = c.StreamChanges(ctx, insertPosition(t, admin)+1<<32, count)
+	require.Error(t, err, "a position from the future (another server's)")
+	assert.Contains(t, err.Error(), "ahead of the server's WAL")
+	assert.Zero(t, emitted)
+
 	execSQL(t, admin, "INSERT INTO t VALUES (3)")
 	emitMarker(t, admin, "three")
 	changes, pos3 := streamUntil(t, c, pos2, "three")
@@ -426,7 +431,7 @@ func TestStreamIdleSlotAdvancesAndResumeFromLastCommitWorks(t *testing.T) {
 	stop()
 	res := <-done
 	require.NoError(t, res.err)
-	assert.Greater(t, res.pos, last, "the returned position includes the idle advance")
+	assert.Equal(t, last, res.pos, "the returned position is the last transaction's end, behind the slot")
 	assert.Equal(t, int64(3), delivered.Load(), "begin, insert, commit: heartbeats are never emitted")
 
 	// A consumer that kept only its last OpCommit Position (it crashed, say)
