@@ -62,6 +62,7 @@ type Conn struct {
 	opts   options
 	tables []canonical.TableName // from WithTables; empty means every user table
 	log    *slog.Logger
+	apply  applyCache // target tables ApplyChange has looked up
 
 	closeOnce sync.Once
 	closeErr  error

@@ -1,0 +1,168 @@
+package siphon
+
+// Apply: replaying changes and canonical streams into a target database.
+//
+// Files: apply.go (the API, errors, ApplyChange), apply_catalog.go (the
+// target's tables and how source columns map onto them), apply_sql.go
+// (statements per change shape), apply_queue.go (pipelined statements),
+// apply_origin.go (where the applied Position is kept), apply_consume.go
+// (ConsumeCanonical's transaction loop) and apply_copy.go (COPY paths).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// ErrApplyInProgress means another session is applying the same source
+// into the same target database right now: one source is applied by one
+// session at a time. Wait for it to finish, or stop it.
+var ErrApplyInProgress = errors.New("siphon: another session is applying this source into the target")
+
+// ErrAmbiguousSource is returned (wrapped) by [Conn.AppliedPosition] when
+// changes from more than one source were applied into the target database:
+// ask for one with [Conn.AppliedPositionFor].
+var ErrAmbiguousSource = errors.New("siphon: more than one source was applied into the target")
+
+// ApplyGapError is returned by [Conn.ConsumeCanonical] for a change stream
+// that starts after the Position the target has applied: the transactions
+// between the two would be lost. Consume the streams that cover them first.
+type ApplyGapError struct {
+	Applied canonical.Position // what the target has applied
+	Start   canonical.Position // where the stream starts
+}
+
+func (e *ApplyGapError) Error() string {
+	return fmt.Sprintf("siphon: the target has applied up to %v but the stream starts at %v: "+
+		"the transactions in between are missing; consume the stream that starts at or before %v first",
+		e.Applied, e.Start, e.Applied)
+}
+
+// ApplyChange applies one row change or truncate to the database c is
+// connected to (the target), in a transaction of its own. Begin, commit and
+// message changes are accepted and do nothing. ch.Columns must describe the
+// source's columns (changes from [Conn.StreamChanges] and
+// [canonical.Decoder] do).
+//
+// ApplyChange is idempotent for a target table with a primary key (or a
+// replica identity index, used when there is no primary key):
+//   - an insert is an upsert on that key (INSERT ... ON CONFLICT DO UPDATE);
+//   - an update sets the row with that key (taken from the old values when
+//     the source sent them, from the new ones otherwise); columns whose
+//     unchanged TOAST value the source did not send are left out of the SET
+//     list and keep the value the target has, which is the old value;
+//   - a delete deletes the row with that key; a missing row is no error.
+//
+// A target table without such a key is matched on all the old values, which
+// needs the source table's REPLICA IDENTITY FULL; update and delete then
+// change exactly one matching row (ctid-limited), so duplicate rows stay
+// duplicates. That is not idempotent by nature: applied twice, an insert
+// inserts twice. [Conn.ConsumeCanonical] gives exactly-once there, by keeping
+// the applied Position with the data.
+//
+// A truncate empties the listed tables (RESTART IDENTITY when the source
+// said so); like PostgreSQL's own apply, it does not cascade to tables the
+// source did not list.
+//
+// Values are bound as text parameters typed with the target column's type,
+// whose input function rebuilds the exact value; nothing is spliced into
+// SQL and every identifier is quoted. A table that does not exist in the
+// target, a source column the target lacks or types differently, a
+// NOT NULL target column without default that the source does not send, or
+// a key the source's old values cannot fill is a [*SchemaIncompatibleError]
+// naming the table and column, returned before anything is written.
+//
+// Target tables are looked up once and cached on c; a change whose columns
+// differ from the cached ones, or an error saying a table or column is
+// missing, looks the table up again.
+func (c *Conn) ApplyChange(ctx context.Context, ch canonical.Change) error {
+	var err error
+	switch ch.Op {
+	case canonical.OpBegin, canonical.OpCommit, canonical.OpMessage:
+		return nil
+	case canonical.OpTruncate:
+		err = c.applyTruncate(ctx, &ch)
+	case canonical.OpInsert, canonical.OpUpdate, canonical.OpDelete:
+		err = c.applyRowChange(ctx, &ch)
+	default:
+		err = fmt.Errorf("unknown op %v", ch.Op)
+	}
+	if err != nil {
+		return fmt.Errorf("siphon: apply %s on %s: %w", ch.Op, describeTarget(&ch), err)
+	}
+	return nil
+}
+
+func describeTarget(ch *canonical.Change) string {
+	if ch.Op == canonical.OpTruncate {
+		return fmt.Sprintf("%d tables", len(ch.Truncated))
+	}
+	return ch.TableName().String()
+}
+
+func (c *Conn) applyRowChange(ctx context.Context, ch *canonical.Change) error {
+	if len(ch.Columns) == 0 {
+		return errors.New("the change has no Columns: pass changes as StreamChanges or the canonical decoder give them")
+	}
+	b, err := c.apply.binding(ctx, c.pool, ch.TableName(), ch.Columns)
+	if err != nil {
+		return err
+	}
+	sh := &shape{}
+	ok, err := planChange(b, ch, sh)
+	if err != nil || !ok {
+		return err
+	}
+	stmt := c.apply.statement(b, sh)
+	var params paramList
+	params.addChange(sh, ch)
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	_, err = conn.Conn().PgConn().ExecParams(ctx, stmt.sql, params.values, stmt.oids, nil, nil).Close()
+	if isCatalogError(err) {
+		c.apply.forget(b.source)
+	}
+	return err
+}
+
+func (c *Conn) applyTruncate(ctx context.Context, ch *canonical.Change) error {
+	var targets []*targetTable
+	for _, name := range ch.Truncated {
+		t, err := c.apply.target(ctx, c.pool, name)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, t)
+	}
+	if len(targets) == 0 {
+		return nil
+	}
+	_, err := c.pool.Exec(ctx, truncateSQL(targets, ch.RestartIdentity))
+	if isCatalogError(err) {
+		for _, name := range ch.Truncated {
+			c.apply.forget(name)
+		}
+	}
+	return err
+}
+
+// isCatalogError reports whether err says a table, column or type is not
+// what siphon's cached description of the target said.
+func isCatalogError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "42P01", "42703", "42804", "42P10": // undefined table/column, datatype mismatch, invalid ON CONFLICT target
+		return true
+	}
+	return false
+}

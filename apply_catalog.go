@@ -1,0 +1,302 @@
+package siphon
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// targetTable describes a table of the target database, from its catalog.
+type targetTable struct {
+	name        canonical.TableName
+	partitioned bool
+	columns     []targetColumn
+	// key lists the primary key's columns, else the replica identity
+	// index's; nil when the table has neither.
+	key []string
+}
+
+// targetColumn describes one column of a target table.
+type targetColumn struct {
+	name     string
+	typ      string // as format_type prints it
+	typeOID  uint32
+	arrayOID uint32 // the type's array type; 0 when it has none
+	// exact is true when two values the type's equality operator calls
+	// equal always print the same text, so = can match rows exactly (not so
+	// for numeric 1.0 = 1.00, float 0 = -0, json, point...).
+	exact bool
+	// required is true for a NOT NULL column with no default, no identity
+	// and no generation expression: an insert must give it.
+	required  bool
+	generated bool
+}
+
+func (t *targetTable) column(name string) *targetColumn {
+	for i := range t.columns {
+		if t.columns[i].name == name {
+			return &t.columns[i]
+		}
+	}
+	return nil
+}
+
+// exactTypes are the built-in types (by OID) whose equality implies equal
+// output text: bool, bytea, "char", name, int8, int2, int4, text, oid,
+// cidr, macaddr8, money, macaddr, inet, varchar, date, time, timestamp,
+// timestamptz, bit, varbit, uuid, pg_lsn. Enums are exact too.
+var exactTypes = []int64{16, 17, 18, 19, 20, 21, 23, 25, 26, 650, 774, 790, 829, 869, 1043, 1082, 1083, 1114, 1184, 1560, 1562, 2950, 3220}
+
+// targetTableQuery lists a table's columns (none when it has none) with
+// their types, and their place in the primary key and in the replica
+// identity index (int2vector subscripts start at 0, hence + 1).
+const targetTableQuery = `
+SELECT c.relkind = 'p', a.attname, a.atttypid::int8, t.typarray::int8, format_type(a.atttypid, a.atttypmod),
+       a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '',
+       a.attgenerated <> '',
+       coalesce((bt.typtype = 'e' OR bt.oid::int8 = ANY ($3::int8[])) AND coalesce(co.collisdeterministic, true), false),
+       coalesce(array_position(pk.indkey::int2[], a.attnum) + 1, 0),
+       coalesce(array_position(ri.indkey::int2[], a.attnum) + 1, 0)
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type bt ON bt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+LEFT JOIN pg_collation co ON co.oid = a.attcollation
+LEFT JOIN pg_index pk ON pk.indrelid = c.oid AND pk.indisprimary
+LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident
+WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
+ORDER BY a.attnum`
+
+// loadTargetTable reads a table's description from the target's catalog.
+// A table that does not exist is a *SchemaIncompatibleError.
+func loadTargetTable(ctx context.Context, q querier, name canonical.TableName) (*targetTable, error) {
+	rows, err := q.Query(ctx, targetTableQuery, name.Schema, name.Name, exactTypes)
+	if err != nil {
+		return nil, fmt.Errorf("read the target's catalog for %s: %w", name, err)
+	}
+	defer rows.Close()
+	t := &targetTable{name: name}
+	var pkPos, riPos []int
+	found := false
+	for rows.Next() {
+		var (
+			col        targetColumn
+			attname    *string
+			typeOID    *int64
+			arrayOID   *int64
+			typ        *string
+			req, gen   *bool
+			pkAt, riAt int
+		)
+		if err := rows.Scan(&t.partitioned, &attname, &typeOID, &arrayOID, &typ, &req, &gen, &col.exact, &pkAt, &riAt); err != nil {
+			return nil, fmt.Errorf("read the target's catalog for %s: %w", name, err)
+		}
+		found = true
+		if attname == nil {
+			continue // a table without columns
+		}
+		col.name, col.typeOID, col.arrayOID, col.typ = *attname, uint32(*typeOID), uint32(*arrayOID), *typ
+		col.required, col.generated = *req, *gen
+		t.columns = append(t.columns, col)
+		pkPos, riPos = append(pkPos, pkAt), append(riPos, riAt)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the target's catalog for %s: %w", name, err)
+	}
+	if !found {
+		return nil, &SchemaIncompatibleError{Table: name, Problem: "the table does not exist in the target database: create it there (same DDL as the source)"}
+	}
+	if t.key = keyColumns(t.columns, pkPos); t.key == nil {
+		t.key = keyColumns(t.columns, riPos)
+	}
+	return t, nil
+}
+
+// keyColumns returns the columns with a nonzero position, in position
+// order; nil when there are none.
+func keyColumns(cols []targetColumn, pos []int) []string {
+	var key []string
+	for p := 1; p <= len(cols); p++ {
+		for i := range cols {
+			if pos[i] == p {
+				key = append(key, cols[i].name)
+			}
+		}
+	}
+	return key
+}
+
+// binding maps a source table's columns, as a table record or a change
+// describes them, onto a target table: the statements built for it bind
+// values in source column order.
+type binding struct {
+	source   canonical.TableName
+	target   *targetTable
+	srcCols  []canonical.Column
+	quoted   string // the target table, quoted
+	cols     []boundColumn
+	key      []int // source indexes of the target's key columns; nil: keyless
+	isKey    []bool
+	identity canonical.ReplicaIdentity // the source's, "" when unknown
+
+	// shapes caches the statement of each change shape (see shape.key).
+	shapes map[string]*statement
+}
+
+// boundColumn is a source column with what the target says about it.
+type boundColumn struct {
+	quoted   string
+	typeOID  uint32
+	arrayOID uint32
+	exact    bool
+}
+
+// bind checks that the source columns fit the target table and maps them.
+// src, the source's table record, is nil when only the columns are known.
+// The problems it finds are *SchemaIncompatibleError.
+func bind(t *targetTable, cols []canonical.Column, src *canonical.Table) (*binding, error) {
+	var identity canonical.ReplicaIdentity
+	if src != nil {
+		identity = src.ReplicaIdentity
+	}
+	fail := func(col, problem string) error {
+		return &SchemaIncompatibleError{Table: t.name, Column: col, Problem: problem}
+	}
+	b := &binding{source: t.name, target: t, srcCols: cols, quoted: quoteTable(t.name),
+		identity: identity, isKey: make([]bool, len(cols)), shapes: map[string]*statement{}}
+	for _, sc := range cols {
+		tc := t.column(sc.Name)
+		switch {
+		case tc == nil:
+			return nil, fail(sc.Name, "the target table has no such column: add it to the target table")
+		case tc.generated:
+			return nil, fail(sc.Name, "the target column is generated and cannot take the source's values: make it a plain column")
+		case sc.Type != "" && sc.Type != tc.typ:
+			return nil, fail(sc.Name, fmt.Sprintf("the column is %s in the source but %s in the target: give both the same type", sc.Type, tc.typ))
+		}
+		b.cols = append(b.cols, boundColumn{quoted: quoteIdent(sc.Name), typeOID: tc.typeOID, arrayOID: tc.arrayOID, exact: tc.exact})
+	}
+	for _, tc := range t.columns {
+		if tc.required && !slices.ContainsFunc(cols, func(c canonical.Column) bool { return c.Name == tc.name }) {
+			return nil, fail(tc.name, "the target column is NOT NULL without a default and the source has no such column: give it a default or drop it")
+		}
+	}
+	for _, k := range t.key {
+		i := slices.IndexFunc(cols, func(c canonical.Column) bool { return c.Name == k })
+		if i < 0 {
+			return nil, fail(k, "the column is part of the target table's key but the source has no such column: give both tables the same key")
+		}
+		b.key, b.isKey[i] = append(b.key, i), true
+	}
+	if src != nil {
+		if err := checkIdentity(t, src); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// checkIdentity checks that the old values the source sends with updates
+// and deletes (its replica identity) can find the target's rows: they must
+// hold the target's key or, for a keyless target, every column.
+func checkIdentity(t *targetTable, src *canonical.Table) error {
+	covered := src.IdentityKey
+	if src.ReplicaIdentity == canonical.IdentityFull {
+		covered = nil
+		for _, c := range src.Columns {
+			covered = append(covered, c.Name)
+		}
+	}
+	if src.ReplicaIdentity == "" || len(covered) == 0 {
+		return nil // unknown, or no updates nor deletes can come
+	}
+	if t.key == nil && src.ReplicaIdentity != canonical.IdentityFull {
+		return &SchemaIncompatibleError{Table: t.name, Problem: fmt.Sprintf(
+			"the target table has no primary key or replica identity index, and the source's replica identity is %s, not full: give the target the source's key, or set REPLICA IDENTITY FULL on the source table",
+			src.ReplicaIdentity)}
+	}
+	for _, k := range t.key {
+		if !slices.Contains(covered, k) {
+			return &SchemaIncompatibleError{Table: t.name, Column: k, Problem: fmt.Sprintf(
+				"the column is part of the target's key but not of the source's replica identity (%s): updates and deletes could not find their rows; give both tables the same key",
+				strings.Join(covered, ", "))}
+		}
+	}
+	return nil
+}
+
+// applyCache holds the target tables [Conn.ApplyChange] has looked up, and
+// their bindings to the latest source columns seen. The zero value is
+// ready to use.
+type applyCache struct {
+	mu       sync.Mutex
+	targets  map[canonical.TableName]*targetTable
+	bindings map[canonical.TableName]*binding
+}
+
+// target returns the target table name, from the cache or the catalog.
+func (a *applyCache) target(ctx context.Context, q querier, name canonical.TableName) (*targetTable, error) {
+	a.mu.Lock()
+	t := a.targets[name]
+	a.mu.Unlock()
+	if t != nil {
+		return t, nil
+	}
+	t, err := loadTargetTable(ctx, q, name)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.targets == nil {
+		a.targets = map[canonical.TableName]*targetTable{}
+	}
+	a.targets[name] = t
+	return t, nil
+}
+
+// binding returns the binding of cols to the target table name, made anew
+// when the columns differ from the cached binding's.
+func (a *applyCache) binding(ctx context.Context, q querier, name canonical.TableName, cols []canonical.Column) (*binding, error) {
+	a.mu.Lock()
+	b := a.bindings[name]
+	a.mu.Unlock()
+	if b != nil && slices.Equal(b.srcCols, cols) {
+		return b, nil
+	}
+	t, err := a.target(ctx, q, name)
+	if err != nil {
+		return nil, err
+	}
+	if b, err = bind(t, slices.Clone(cols), nil); err != nil {
+		a.forget(name) // the cached table may be stale
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.bindings == nil {
+		a.bindings = map[canonical.TableName]*binding{}
+	}
+	a.bindings[name] = b
+	return b, nil
+}
+
+// statement returns the statement of shape sh for b, built once.
+func (a *applyCache) statement(b *binding, sh *shape) *statement {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return b.statement(sh)
+}
+
+// forget drops what is cached about a table, to read it again next time.
+func (a *applyCache) forget(name canonical.TableName) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.targets, name)
+	delete(a.bindings, name)
+}

@@ -1,0 +1,333 @@
+package siphon
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+const (
+	// maxPrepared bounds the statements an apply session prepares; further
+	// shapes run as unnamed statements.
+	maxPrepared = 500
+	// cleanupTimeout bounds rolling back after a failure.
+	cleanupTimeout = 30 * time.Second
+)
+
+// ConsumeCanonical reads a canonical JSONL stream from r (a snapshot from
+// [Conn.EmitCanonical], an incremental from [Conn.BackupIncremental], or a
+// recorded change stream) and applies it, exactly once, to the database c is
+// connected to (the target), through one dedicated session.
+//
+// Each source transaction is applied atomically together with its
+// Position (the end of its commit), so the target always holds the data up
+// to the Position it records and nothing past it:
+//   - Transactions at or below the applied Position are skipped, so
+//     consuming a stream twice, or streams that overlap, applies nothing
+//     twice. A change stream that starts after the applied Position (a
+//     nonzero one) is refused with an [*ApplyGapError] before anything is
+//     applied.
+//   - A stream cut in the middle (a reader error, a truncated stream, ctx
+//     cancelled between records) or a change the target refuses leaves the
+//     target at the last complete transaction before it, and returns the
+//     error; consuming the stream again completes it. A crash, or ctx
+//     cancelled while a statement runs, loses the target transaction in
+//     progress (up to a few source transactions, see below): the target
+//     then stands at the boundary it committed before, with that Position,
+//     and consuming again applies the rest.
+//
+// The Position is kept in a PostgreSQL replication origin
+// (pg_replication_origin_xact_setup commits it with the transaction;
+// [Conn.AppliedPosition] reads it back). The origin is named
+// "siphon_<target database OID>_<source system id>_<slot>", so two sources
+// applied into one target, or one source into two databases of a cluster,
+// keep separate positions. A role that may not use origins (not a superuser,
+// no EXECUTE grant on the pg_replication_origin_* functions) is detected and
+// uses a bookkeeping table instead, siphon.applied_position (origin text
+// primary key, position pg_lsn, updated_at timestamptz), updated in the same
+// transaction; siphon creates it when missing, which needs the CREATE
+// privilege on the database (or an administrator's
+// "CREATE SCHEMA siphon AUTHORIZATION <role>"). Either way one session at a
+// time applies a given source: another gets [ErrApplyInProgress].
+//
+// A snapshot is applied whole or not at all: it is skipped when the target
+// has applied its Position already; otherwise its rows are loaded with COPY
+// into the tables (which must be empty) in one transaction that records the
+// Position at its end.
+//
+// Change streams are applied in few round trips. One target transaction
+// applies a group of source transactions (up to 10000 row changes, and
+// only while the rest of the stream is already read, so a live stream is
+// not held back) and records the last one's Position. Statements are sent
+// in batches, prepared once per table and shape; inserts into one table in
+// a row, across source transactions, become multi-row INSERT ... ON
+// CONFLICT statements or, from 64 rows on, a COPY (into a table with a key
+// once a lookup showed that none of the keys is there yet). The records of
+// a group's complete source transactions are kept (up to 16 MiB; a larger
+// transaction ends its group): when the group fails, it is rolled back and
+// they are applied again one transaction at a time, so the target keeps
+// all those before the failure. Values are bound as in [Conn.ApplyChange],
+// with the same checks. Logical decoding messages are not applied.
+//
+// Triggers and foreign keys of the target work as for any session. The
+// session uses siphon's fixed settings (see the package documentation),
+// under which the target's input functions read the canonical values.
+func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
+	src := newRecordSource(r)
+	h, err := src.dec.Header()
+	if err != nil {
+		return fmt.Errorf("siphon: consume canonical: %w", err)
+	}
+	s, err := c.openApplySession(ctx, h)
+	if err != nil {
+		return fmt.Errorf("siphon: consume canonical: %w", err)
+	}
+	defer s.close()
+	switch {
+	case h.Kind == canonical.KindSnapshot:
+		err = s.loadSnapshot(ctx, src, h)
+	case !s.progress.IsZero() && h.Start > s.progress:
+		return &ApplyGapError{Applied: s.progress, Start: h.Start}
+	default:
+		err = (&changeConsumer{s: s, src: src}).consume(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("siphon: consume canonical: %w", err)
+	}
+	return nil
+}
+
+// recordSource reads a stream's records, with one record of look-ahead.
+// While taping, it keeps the records it reads from the stream, so that a
+// failed unit can be applied again; replay makes it return records again.
+type recordSource struct {
+	br      *bufio.Reader
+	dec     *canonical.Decoder
+	pending *canonical.Record
+	replay  []canonical.Record
+
+	tape      []canonical.Record
+	tapeBytes int
+	taping    bool // off until resetTape, and once the tape is full
+}
+
+func newRecordSource(r io.Reader) *recordSource {
+	// The decoder reads through br itself (bufio reuses a large enough
+	// Reader), so br.Buffered tells whether more of the stream is in memory.
+	br := bufio.NewReaderSize(r, 256<<10)
+	return &recordSource{br: br, dec: canonical.NewDecoder(br)}
+}
+
+func (s *recordSource) next() (canonical.Record, error) {
+	if p := s.pending; p != nil {
+		s.pending = nil
+		return *p, nil
+	}
+	if len(s.replay) > 0 {
+		rec := s.replay[0]
+		s.replay = s.replay[1:]
+		return rec, nil
+	}
+	rec, err := s.dec.Next()
+	if err == nil && s.taping {
+		// Past the limit the tape stops growing; what it holds stays.
+		s.tape = append(s.tape, rec)
+		s.tapeBytes += recordBytes(rec)
+		s.taping = s.tapeBytes <= maxTapeBytes
+	}
+	return rec, err
+}
+
+// recordBytes estimates the memory a record holds.
+func recordBytes(rec canonical.Record) int {
+	n := 128
+	if ch := rec.Change; ch != nil {
+		for _, row := range []canonical.Row{ch.New, ch.Old} {
+			for _, v := range row {
+				text, _ := v.Text()
+				n += 24 + len(text)
+			}
+		}
+	}
+	return n
+}
+
+// resetTape empties the tape, then puts records on it, and starts taping.
+func (s *recordSource) resetTape(records ...canonical.Record) {
+	clear(s.tape)
+	s.tape, s.tapeBytes, s.taping = append(s.tape[:0], records...), 0, true
+	for _, rec := range records {
+		s.tapeBytes += recordBytes(rec)
+	}
+}
+
+// replayThenEnd makes next return records, then an end record, and
+// nothing from the stream.
+func (s *recordSource) replayThenEnd(records []canonical.Record) {
+	s.pending, s.taping = nil, false
+	s.replay = append(records, canonical.Record{Type: canonical.RecordEnd})
+}
+
+// unread puts rec back, to be returned by the next call of next.
+func (s *recordSource) unread(rec canonical.Record) { s.pending = &rec }
+
+// ready reports whether the next record is (at least partly) read already.
+func (s *recordSource) ready() bool {
+	return s.pending != nil || len(s.replay) > 0 || s.br.Buffered() > 0
+}
+
+// drain reads the rest of the stream, checking it.
+func (s *recordSource) drain() error {
+	s.taping = false
+	for {
+		if _, err := s.next(); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+}
+
+// applySession is the dedicated session one ConsumeCanonical call applies
+// through, with what it learnt of the target.
+type applySession struct {
+	c        *Conn
+	conn     *pgx.Conn
+	pg       *pgconn.PgConn
+	track    tracker
+	tracking bool               // track is set up on the session
+	progress canonical.Position // committed in the target
+	targets  map[canonical.TableName]*targetTable
+	bindings map[*canonical.Table]*binding
+	q        stmtQueue
+	prepared int // statements prepared, for their names
+}
+
+func (c *Conn) openApplySession(ctx context.Context, h canonical.Header) (*applySession, error) {
+	conn, err := c.newSession(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s := &applySession{c: c, conn: conn, pg: conn.PgConn(),
+		targets: map[canonical.TableName]*targetTable{}, bindings: map[*canonical.Table]*binding{}}
+	env, err := readApplyEnv(ctx, conn)
+	if err == nil {
+		key := sourceKey(h.SystemID, h.Slot)
+		if s.track, err = setupTracker(ctx, conn, env, key); err == nil {
+			s.tracking = true
+			env.bookkeeping = env.bookkeeping || !env.origins
+			s.progress, err = readProgress(ctx, conn, env, key)
+		}
+	}
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// close releases the source's replication origin (or advisory lock) and
+// ends the session, which drops its prepared statements.
+func (s *applySession) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if s.tracking && !s.pg.IsClosed() {
+		if err := s.rollback(ctx); err == nil {
+			if err := s.track.release(ctx, s.conn); err != nil {
+				s.c.log.Warn("siphon: release the applied source; closing the session releases it too", "err", err)
+			}
+		}
+	}
+	s.conn.Close(ctx)
+}
+
+// tableRecord takes note of a new description of a table: the target's is
+// read again at its next use.
+func (s *applySession) tableRecord(t *canonical.Table) { delete(s.targets, t.TableName()) }
+
+// binding returns the binding of table record t to its target table.
+func (s *applySession) binding(ctx context.Context, t *canonical.Table) (*binding, error) {
+	if b := s.bindings[t]; b != nil {
+		return b, nil
+	}
+	target, err := s.target(ctx, t.TableName())
+	if err != nil {
+		return nil, err
+	}
+	b, err := bind(target, t.Columns, t)
+	if err != nil {
+		return nil, err
+	}
+	s.bindings[t] = b
+	return b, nil
+}
+
+func (s *applySession) target(ctx context.Context, name canonical.TableName) (*targetTable, error) {
+	if t := s.targets[name]; t != nil {
+		return t, nil
+	}
+	t, err := loadTargetTable(ctx, s.conn, name)
+	if err != nil {
+		return nil, err
+	}
+	s.targets[name] = t
+	return t, nil
+}
+
+// prepare prepares st on the session, unless the session has prepared
+// enough already. Nothing may be queued.
+func (s *applySession) prepare(ctx context.Context, st *statement) error {
+	if st.prepared != nil || s.prepared >= maxPrepared {
+		return nil
+	}
+	sd, err := s.pg.Prepare(ctx, fmt.Sprintf("siphon_apply_%d", s.prepared), st.sql, st.oids)
+	if err != nil {
+		return fmt.Errorf("prepare %s: %w", st.sql, err)
+	}
+	st.prepared = sd
+	s.prepared++
+	return nil
+}
+
+// finishTransaction queues what ends a target transaction: recording pos,
+// making sure the transaction has an xid (a transaction that wrote nothing
+// commits no record, and the origin would not advance), and COMMIT.
+func (s *applySession) finishTransaction(pos canonical.Position, at time.Time) {
+	s.track.queueRecord(&s.q, pos, at)
+	if s.track.origin {
+		s.q.addSQL("SELECT pg_current_xact_id()", "assign a transaction id")
+	}
+	s.q.addSQL("COMMIT", "commit")
+}
+
+// rollback ends a failed transaction, if the session still stands.
+func (s *applySession) rollback(ctx context.Context) error {
+	s.q.discard()
+	if s.pg.IsClosed() || s.pg.TxStatus() == 'I' {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, err := s.pg.Exec(ctx, "ROLLBACK").ReadAll()
+	return err
+}
+
+// withCleanup returns cause, noting a failure to clean up after it.
+func withCleanup(cause, cleanup error) error {
+	if cleanup == nil {
+		return cause
+	}
+	return fmt.Errorf("%w (and cleaning up failed: %v)", cause, cleanup)
+}
+
+// errBackwards reports a stream whose positions go backwards.
+func errBackwards(pos, applied canonical.Position) error {
+	return fmt.Errorf("%w: a commit at %v follows one at %v: the stream's positions go backwards", canonical.ErrInvalidRecord, pos, applied)
+}

@@ -1,0 +1,385 @@
+package siphon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// loadSnapshot applies a snapshot stream: skipped when the target has
+// applied its Position already, else every row loaded with COPY in one
+// transaction that records the Position at its end.
+func (s *applySession) loadSnapshot(ctx context.Context, src *recordSource, h canonical.Header) error {
+	if !s.progress.IsZero() && s.progress >= h.Start {
+		return src.drain()
+	}
+	if err := s.loadSnapshotRows(ctx, src, h); err != nil {
+		return withCleanup(err, s.rollback(ctx))
+	}
+	return nil
+}
+
+func (s *applySession) loadSnapshotRows(ctx context.Context, src *recordSource, h canonical.Header) error {
+	s.q.addSQL("BEGIN", "begin")
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rec, err := src.next()
+		if err != nil {
+			return err
+		}
+		switch rec.Type {
+		case canonical.RecordTable:
+			s.tableRecord(rec.Table)
+		case canonical.RecordRow:
+			if err := s.copyRows(ctx, src, rec); err != nil {
+				return err
+			}
+		case canonical.RecordEnd:
+			s.finishTransaction(rec.Position, h.Created)
+			if err := s.q.flush(ctx, s.pg); err != nil {
+				return err
+			}
+			s.progress = rec.Position
+			return nil
+		default:
+			return fmt.Errorf("%w: a %v record in a snapshot", canonical.ErrOrder, rec.Type)
+		}
+	}
+}
+
+// copyRows copies rec's row, and the rows of the same table that follow
+// it, into the target table.
+func (s *applySession) copyRows(ctx context.Context, src *recordSource, rec canonical.Record) error {
+	b, err := s.binding(ctx, rec.Table)
+	if err != nil {
+		return err
+	}
+	if err := s.q.flush(ctx, s.pg); err != nil {
+		return err
+	}
+	rd := &copyReader{src: src, table: rec.Table, first: []canonical.Row{rec.Row}}
+	_, err = s.pg.CopyFrom(ctx, rd, b.copySQL(b.quoted))
+	switch {
+	case rd.err != nil:
+		return rd.err
+	case isCode(err, "23505"):
+		return fmt.Errorf("copy rows into %s: %w (a snapshot loads into empty tables)", b.source, err)
+	case err != nil:
+		return fmt.Errorf("copy rows into %s: %w", b.source, err)
+	}
+	return nil
+}
+
+// copyRun copies the run of inserts into a keyless table, and the inserts
+// into the same table that follow it in the stream.
+func (cc *changeConsumer) copyRun(ctx context.Context) error {
+	s, b := cc.s, cc.run.b
+	if err := cc.flushQueue(ctx); err != nil {
+		return err
+	}
+	rd := &copyReader{src: cc.src, table: cc.run.table, insert: true, first: cc.run.rows}
+	_, err := s.pg.CopyFrom(ctx, rd, b.copySQL(b.quoted))
+	cc.unit.changes += rd.count - len(cc.run.rows)
+	cc.run = insertRun{rows: cc.run.rows[:0]}
+	switch {
+	case rd.err != nil:
+		return rd.err
+	case err != nil:
+		return fmt.Errorf("copy %d inserts into %s: %w", rd.count, b.source, err)
+	}
+	return nil
+}
+
+// copyInserts applies a batch of inserts: with COPY straight into the
+// table when it is keyless, or when none of the rows' keys is in the table
+// yet (nor twice among them); else as upserts. A row that another session
+// inserts between the check and the COPY fails the COPY, which is returned:
+// consuming the stream again applies it with an upsert.
+func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *canonical.Table, rows []canonical.Row) error {
+	if b.key != nil {
+		conflict, err := cc.keysExist(ctx, b, rows)
+		if err != nil {
+			return err
+		}
+		if conflict {
+			return cc.queueInserts(ctx, b, rows)
+		}
+	}
+	if err := cc.flushQueue(ctx); err != nil {
+		return err
+	}
+	rd := &copyReader{table: table, first: rows}
+	if _, err := cc.s.pg.CopyFrom(ctx, rd, b.copySQL(b.quoted)); err != nil {
+		if rd.err != nil {
+			err = rd.err
+		}
+		return fmt.Errorf("copy %d inserts into %s: %w", len(rows), b.source, err)
+	}
+	return nil
+}
+
+// keysExist tells whether rows cannot be copied into b's table: a key is in
+// the table already or twice among the rows, or the key's type has no array
+// type to look it up with. It sends what is queued. An integer key is
+// first looked up by range (one index probe; new keys often lie above
+// every existing one), then, if the range holds rows, key by key.
+func (cc *changeConsumer) keysExist(ctx context.Context, b *binding, rows []canonical.Row) (bool, error) {
+	check := b.keyCheck()
+	if check == nil || b.duplicateKeys(rows) {
+		return true, nil
+	}
+	q := &cc.s.q
+	if lo, hi, ok := b.intKeyRange(rows); ok {
+		q.params.reset()
+		q.params.add(canonical.Text(strconv.FormatInt(lo, 10)))
+		q.params.add(canonical.Text(strconv.FormatInt(hi, 10)))
+		k := b.cols[b.key[0]]
+		inRange, err := cc.queryBool(ctx, &statement{
+			sql:  "SELECT EXISTS (SELECT FROM " + b.quoted + " WHERE " + k.quoted + " BETWEEN $1 AND $2)",
+			oids: []uint32{k.typeOID, k.typeOID},
+		}, "look up the key range of inserts into "+b.source.String())
+		if err != nil || !inRange {
+			return false, err
+		}
+	}
+	q.params.reset()
+	for _, k := range b.key {
+		q.params.add(canonical.Text(arrayLiteral(rows, k)))
+	}
+	return cc.queryBool(ctx, check, "look up the keys of inserts into "+b.source.String())
+}
+
+// queryBool queues st, a query returning one boolean, with the parameters
+// in the queue's params, sends the queue and returns the boolean.
+func (cc *changeConsumer) queryBool(ctx context.Context, st *statement, label string) (bool, error) {
+	result := false
+	cc.s.q.add(st, stmtOwner{label: label, onRow: func(v [][]byte) { result = string(v[0]) == "t" }})
+	err := cc.flushQueue(ctx)
+	return result, err
+}
+
+// intKeyRange returns the smallest and largest key of rows when the key is
+// one column of type smallint, integer or bigint.
+func (b *binding) intKeyRange(rows []canonical.Row) (lo, hi int64, ok bool) {
+	if len(b.key) != 1 {
+		return 0, 0, false
+	}
+	switch b.cols[b.key[0]].typeOID {
+	case 20, 21, 23:
+	default:
+		return 0, 0, false
+	}
+	for i, row := range rows {
+		text, _ := row[b.key[0]].Text()
+		v, err := strconv.ParseInt(text, 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		if i == 0 || v < lo {
+			lo = v
+		}
+		if i == 0 || v > hi {
+			hi = v
+		}
+	}
+	return lo, hi, len(rows) > 0
+}
+
+// duplicateKeys reports whether two of rows have the same key.
+func (b *binding) duplicateKeys(rows []canonical.Row) bool {
+	seen := make(map[string]struct{}, len(rows))
+	var key []byte
+	for _, row := range rows {
+		key = key[:0]
+		for _, k := range b.key {
+			text, _ := row[k].Text()
+			key = append(append(key, text...), 0) // text holds no NUL
+		}
+		if _, dup := seen[string(key)]; dup {
+			return true
+		}
+		seen[string(key)] = struct{}{}
+	}
+	return false
+}
+
+// keyCheck returns the query that tells whether any of a set of keys, given
+// as one array per key column, is in the table; nil when a key column's
+// type has no array type.
+func (b *binding) keyCheck() *statement {
+	st := &statement{}
+	var on, params, names strings.Builder
+	for i, k := range b.key {
+		if b.cols[k].arrayOID == 0 {
+			return nil
+		}
+		st.oids = append(st.oids, b.cols[k].arrayOID)
+		if i > 0 {
+			on.WriteString(" AND ")
+			params.WriteString(", ")
+			names.WriteString(", ")
+		}
+		fmt.Fprintf(&params, "$%d", i+1)
+		fmt.Fprintf(&names, "k%d", i)
+		fmt.Fprintf(&on, "t.%s = k.k%d", b.cols[k].quoted, i)
+	}
+	st.sql = "SELECT EXISTS (SELECT FROM " + b.quoted + " t JOIN unnest(" + params.String() + ") AS k(" +
+		names.String() + ") ON " + on.String() + ")"
+	return st
+}
+
+// arrayLiteral returns the values of column col of rows as an array
+// literal, each element quoted: the element type's input function reads
+// each one as the column's would.
+func arrayLiteral(rows []canonical.Row, col int) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, row := range rows {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		text, _ := row[col].Text()
+		b.WriteByte('"')
+		for j := 0; j < len(text); j++ {
+			if text[j] == '"' || text[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(text[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func (b *binding) allColumns() string {
+	var s strings.Builder
+	for i, c := range b.cols {
+		if i > 0 {
+			s.WriteString(", ")
+		}
+		s.WriteString(c.quoted)
+	}
+	return s.String()
+}
+
+func (b *binding) copySQL(into string) string {
+	return "COPY " + into + " (" + b.allColumns() + ") FROM STDIN"
+}
+
+// copyReader feeds COPY FROM STDIN (text format) with rows: first the ones
+// given, then (when src is set) those the stream holds next while they are
+// rows of table (snapshot) or inserts into it (change stream). It leaves
+// the first other record unread for the caller.
+type copyReader struct {
+	src    *recordSource
+	table  *canonical.Table
+	insert bool // inserts, not snapshot rows
+	first  []canonical.Row
+	buf    []byte
+	off    int
+	count  int // rows read
+	done   bool
+	err    error // the stream's error, which aborts the COPY
+}
+
+func (r *copyReader) Read(p []byte) (int, error) {
+	if r.off > 0 {
+		r.buf, r.off = append(r.buf[:0], r.buf[r.off:]...), 0
+	}
+	for len(r.buf) < len(p) && !r.done && r.err == nil {
+		row, ok := r.nextRow()
+		if !ok {
+			r.done = true
+			break
+		}
+		r.buf, r.err = appendCopyRow(r.buf, row)
+	}
+	if r.err != nil {
+		return 0, r.err
+	}
+	n := copy(p, r.buf)
+	r.off = n
+	if n == 0 && r.done {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func (r *copyReader) nextRow() (canonical.Row, bool) {
+	if len(r.first) > 0 {
+		row := r.first[0]
+		r.first = r.first[1:]
+		r.count++
+		return row, true
+	}
+	if r.src == nil {
+		return nil, false
+	}
+	rec, err := r.src.next()
+	if err == io.EOF {
+		err = fmt.Errorf("%w: the stream ended inside a copy", canonical.ErrTruncated)
+	}
+	if err != nil {
+		r.err = err
+		return nil, false
+	}
+	var row canonical.Row
+	switch {
+	case rec.Table != r.table:
+	case r.insert && rec.Type == canonical.RecordChange && rec.Change.Op == canonical.OpInsert:
+		row = rec.Change.New
+	case !r.insert && rec.Type == canonical.RecordRow:
+		row = rec.Row
+	}
+	if row == nil {
+		r.src.unread(rec)
+		return nil, false
+	}
+	r.count++
+	return row, true
+}
+
+// appendCopyRow appends row as a line of COPY's text format: tab-separated,
+// NULL as \N, backslash, newline, carriage return and tab escaped.
+func appendCopyRow(buf []byte, row canonical.Row) ([]byte, error) {
+	for i, v := range row {
+		if i > 0 {
+			buf = append(buf, '\t')
+		}
+		s, present := v.Text()
+		if !present {
+			if v.IsUnchanged() {
+				return buf, fmt.Errorf("%w: an inserted row holds an unchanged TOAST value", canonical.ErrInvalidRecord)
+			}
+			buf = append(buf, '\\', 'N')
+			continue
+		}
+		start := 0
+		for j := 0; j < len(s); j++ {
+			var esc byte
+			switch s[j] {
+			case '\\':
+				esc = '\\'
+			case '\n':
+				esc = 'n'
+			case '\r':
+				esc = 'r'
+			case '\t':
+				esc = 't'
+			default:
+				continue
+			}
+			buf = append(append(buf, s[start:j]...), '\\', esc)
+			start = j + 1
+		}
+		buf = append(buf, s[start:]...)
+	}
+	return append(buf, '\n'), nil
+}

@@ -1,0 +1,372 @@
+package siphon
+
+// Where the applied Position is kept.
+//
+// A source is identified by its system identifier and slot (from a stream's
+// header): key "<system id>_<slot>" (a slot name that is not 1-63 of
+// a-z0-9_ is replaced by "h" and 16 hex digits of its SHA-256; a missing
+// system identifier is "0").
+//
+// With replication origins, the origin is "siphon_<target database OID>_<key>":
+// origins are cluster-wide, and the OID keeps two target databases of one
+// cluster apart. Without them, the row "siphon_<key>" of the table
+// siphon.applied_position in the target database holds it (the table is per
+// database already, and survives a dump and restore of the target).
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// applyLockClass is the first key of the advisory lock that makes one
+// session at a time apply a source when there is no replication origin to
+// do it ("siph"); the second key is a hash of the source key.
+const applyLockClass = 0x73697068
+
+// sourceKey identifies a source in origin names and bookkeeping rows.
+func sourceKey(systemID, slot string) string {
+	if systemID == "" {
+		systemID = "0"
+	}
+	if strings.Trim(systemID, "0123456789") != "" {
+		sum := sha256.Sum256([]byte(systemID))
+		systemID = "h" + hex.EncodeToString(sum[:8])
+	}
+	if !slotNamePattern.MatchString(slot) {
+		sum := sha256.Sum256([]byte(slot))
+		slot = "h" + hex.EncodeToString(sum[:8])
+	}
+	return systemID + "_" + slot
+}
+
+func originPrefix(dbOID uint32) string { return fmt.Sprintf("siphon_%d_", dbOID) }
+
+const bookkeepingPrefix = "siphon_"
+
+// tracker records the applied Position in the target, in the transaction
+// that applies the data.
+type tracker struct {
+	origin bool   // a replication origin; else the bookkeeping table
+	name   string // the origin's name, or the bookkeeping row's key
+}
+
+// applyEnvQuery returns the database's OID, whether the current role may
+// use replication origins, and whether the bookkeeping table exists.
+const applyEnvQuery = `
+SELECT d.oid::int8,
+       current_setting('max_replication_slots')::int > 0 AND NOT pg_is_in_recovery() AND
+       (SELECT count(*) = 6 AND bool_and(has_function_privilege(p.oid, 'EXECUTE'))
+        FROM pg_proc p
+        WHERE p.pronamespace = 'pg_catalog'::regnamespace
+          AND p.proname IN ('pg_replication_origin_create', 'pg_replication_origin_oid',
+                            'pg_replication_origin_session_setup', 'pg_replication_origin_session_reset',
+                            'pg_replication_origin_xact_setup', 'pg_replication_origin_progress')),
+       to_regclass('siphon.applied_position') IS NOT NULL
+FROM pg_database d WHERE d.datname = current_database()`
+
+// applyEnv is what the target offers for keeping the applied Position.
+type applyEnv struct {
+	dbOID       uint32
+	origins     bool // the role may use replication origins
+	bookkeeping bool // siphon.applied_position exists
+}
+
+func readApplyEnv(ctx context.Context, q querier) (applyEnv, error) {
+	var env applyEnv
+	var oid int64
+	if err := q.QueryRow(ctx, applyEnvQuery).Scan(&oid, &env.origins, &env.bookkeeping); err != nil {
+		return env, fmt.Errorf("inspect the target: %w", err)
+	}
+	env.dbOID = uint32(oid)
+	return env, nil
+}
+
+// setupTracker prepares conn, the applying session, to record the applied
+// Position of the source key: with a replication origin bound to the
+// session when the role may use origins, else with the bookkeeping table
+// (created if missing) and an advisory lock held by the session. Either
+// way a second session applying the same source gets ErrApplyInProgress.
+func setupTracker(ctx context.Context, conn *pgx.Conn, env applyEnv, key string) (tracker, error) {
+	if env.origins {
+		t := tracker{origin: true, name: originPrefix(env.dbOID) + key}
+		return t, setupOrigin(ctx, conn, t.name)
+	}
+	t := tracker{name: bookkeepingPrefix + key}
+	if !env.bookkeeping {
+		if err := createBookkeeping(ctx, conn); err != nil {
+			return t, err
+		}
+	}
+	var locked bool
+	err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1::int4, hashtext($2))", applyLockClass, t.name).Scan(&locked)
+	if err != nil {
+		return t, fmt.Errorf("lock the source: %w", err)
+	}
+	if !locked {
+		return t, ErrApplyInProgress
+	}
+	return t, nil
+}
+
+// release unbinds the session from the origin, or releases its advisory
+// lock, so that the source can be applied again at once (a closed
+// session's backend may take a moment to go).
+func (t tracker) release(ctx context.Context, conn *pgx.Conn) error {
+	sql := "SELECT pg_advisory_unlock($1::int4, hashtext($2))"
+	args := []any{applyLockClass, t.name}
+	if t.origin {
+		sql, args = "SELECT pg_replication_origin_session_reset()", nil
+	}
+	_, err := conn.Exec(ctx, sql, args...)
+	return err
+}
+
+func setupOrigin(ctx context.Context, conn *pgx.Conn, name string) error {
+	_, err := conn.Exec(ctx, "SELECT pg_replication_origin_create($1) WHERE pg_replication_origin_oid($1) IS NULL", name)
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "23505") { // created meanwhile by another session
+		return fmt.Errorf("create replication origin %q: %w", name, err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_replication_origin_session_setup($1)", name); err != nil {
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
+			return fmt.Errorf("%w (replication origin %q: %s)", ErrApplyInProgress, name, pgErr.Message)
+		}
+		return fmt.Errorf("set up replication origin %q: %w", name, err)
+	}
+	return nil
+}
+
+// createBookkeeping creates siphon.applied_position, serialised with other
+// sessions doing the same.
+func createBookkeeping(ctx context.Context, conn *pgx.Conn) error {
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int4, 0)", applyLockClass); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS siphon;
+			CREATE TABLE IF NOT EXISTS siphon.applied_position (
+				origin text PRIMARY KEY,
+				position pg_lsn NOT NULL,
+				updated_at timestamptz NOT NULL DEFAULT now())`)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("create siphon.applied_position (the role may not use replication origins: "+
+			"grant it EXECUTE on the pg_replication_origin_* functions, or let an administrator run "+
+			"CREATE SCHEMA siphon AUTHORIZATION <role>): %w", err)
+	}
+	return nil
+}
+
+// queueRecord queues, in the target transaction, the statement that records
+// pos (applied at the source's commit time at) when it commits.
+func (t tracker) queueRecord(q *stmtQueue, pos canonical.Position, at time.Time) {
+	q.params.reset()
+	var st *statement
+	if t.origin {
+		st = &statement{sql: "SELECT pg_replication_origin_xact_setup($1, coalesce($2, now()))", oids: []uint32{3220, 1184}}
+	} else {
+		st = &statement{sql: `INSERT INTO siphon.applied_position (origin, position, updated_at) VALUES ($3, $1, coalesce($2, now()))
+			ON CONFLICT (origin) DO UPDATE SET position = EXCLUDED.position, updated_at = EXCLUDED.updated_at`,
+			oids: []uint32{3220, 1184, 25}}
+	}
+	q.params.add(canonical.Text(pos.String()))
+	if at.IsZero() {
+		q.params.add(canonical.Null())
+	} else {
+		q.params.add(canonical.Text(at.UTC().Format("2006-01-02 15:04:05.999999Z07:00")))
+	}
+	if !t.origin {
+		q.params.add(canonical.Text(t.name))
+	}
+	q.add(st, stmtOwner{label: "record the applied position " + pos.String()})
+}
+
+// progress reads what the target has applied of the source key: the
+// origin's progress (when the role may read it) and the bookkeeping row
+// (when the table exists), whichever is further.
+func readProgress(ctx context.Context, q querier, env applyEnv, key string) (canonical.Position, error) {
+	var best canonical.Position
+	if env.origins {
+		var lsn *string
+		err := q.QueryRow(ctx, `SELECT CASE WHEN pg_replication_origin_oid($1) IS NOT NULL
+			THEN pg_replication_origin_progress($1, false)::text END`, originPrefix(env.dbOID)+key).Scan(&lsn)
+		if err != nil {
+			return 0, fmt.Errorf("read the replication origin's progress: %w", err)
+		}
+		if best, err = parseLSN(lsn); err != nil {
+			return 0, err
+		}
+	}
+	if env.bookkeeping {
+		var lsn *string
+		err := q.QueryRow(ctx, "SELECT max(position)::text FROM siphon.applied_position WHERE origin = $1", bookkeepingPrefix+key).Scan(&lsn)
+		if err != nil {
+			return 0, fmt.Errorf("read siphon.applied_position: %w", err)
+		}
+		pos, err := parseLSN(lsn)
+		if err != nil {
+			return 0, err
+		}
+		best = max(best, pos)
+	}
+	return best, nil
+}
+
+func parseLSN(s *string) (canonical.Position, error) {
+	if s == nil {
+		return 0, nil
+	}
+	return canonical.ParsePosition(*s)
+}
+
+// AppliedPosition returns the Position up to which [Conn.ConsumeCanonical]
+// has applied changes into the database c is connected to: the end of the
+// last source transaction (or the snapshot) applied, the Position to take
+// the next incremental or stream from. It is zero when nothing was applied.
+//
+// The applied Position belongs to a source (its system identifier and slot,
+// from the streams' headers). AppliedPosition needs no argument in the
+// common case of one source per target: it returns the Position of the only
+// source applied into this database, found in the database itself (so it
+// works after a restart, before anything is consumed). When several sources
+// were applied, it returns an error wrapping [ErrAmbiguousSource] that lists
+// them: use [Conn.AppliedPositionFor].
+func (c *Conn) AppliedPosition(ctx context.Context) (canonical.Position, error) {
+	applied, err := c.appliedSources(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("siphon: applied position: %w", err)
+	}
+	switch len(applied) {
+	case 0:
+		return 0, nil
+	case 1:
+		for _, pos := range applied {
+			return pos, nil
+		}
+	}
+	keys := make([]string, 0, len(applied))
+	for k := range applied {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return 0, fmt.Errorf("siphon: applied position: %w: sources (system id_slot) %s: call AppliedPositionFor with one of them",
+		ErrAmbiguousSource, strings.Join(keys, ", "))
+}
+
+// AppliedPositionFor returns the Position up to which changes of the source
+// with the given system identifier and slot (as in the streams' headers,
+// [canonical.Header]) were applied into the database c is connected to;
+// zero when none were.
+func (c *Conn) AppliedPositionFor(ctx context.Context, systemID, slot string) (canonical.Position, error) {
+	env, err := readApplyEnv(ctx, c.pool)
+	if err != nil {
+		return 0, fmt.Errorf("siphon: applied position: %w", err)
+	}
+	pos, err := readProgress(ctx, c.pool, env, sourceKey(systemID, slot))
+	if err != nil {
+		return 0, fmt.Errorf("siphon: applied position: %w", err)
+	}
+	return pos, nil
+}
+
+// appliedSources returns the applied Position of every source applied into
+// the target database, by source key.
+func (c *Conn) appliedSources(ctx context.Context) (map[string]canonical.Position, error) {
+	env, err := readApplyEnv(ctx, c.pool)
+	if err != nil {
+		return nil, err
+	}
+	found := map[string]canonical.Position{}
+	collect := func(sql, prefix string) error {
+		rows, err := c.pool.Query(ctx, sql, prefix)
+		if err != nil {
+			return err
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+			Name string
+			LSN  *string
+		}])
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			pos, err := parseLSN(n.LSN)
+			if err != nil {
+				return err
+			}
+			key := strings.TrimPrefix(n.Name, prefix)
+			found[key] = max(found[key], pos)
+		}
+		return nil
+	}
+	if env.origins {
+		err := collect(`SELECT roname, pg_replication_origin_progress(roname, false)::text
+			FROM pg_replication_origin WHERE starts_with(roname, $1)`, originPrefix(env.dbOID))
+		if err != nil {
+			return nil, fmt.Errorf("read replication origins: %w", err)
+		}
+	}
+	if env.bookkeeping {
+		err := collect(`SELECT origin, position::text FROM siphon.applied_position WHERE starts_with(origin, $1)`, bookkeepingPrefix)
+		if err != nil {
+			return nil, fmt.Errorf("read siphon.applied_position: %w", err)
+		}
+	}
+	return found, nil
+}
+
+// ResetAppliedPosition forgets what was applied from the source with the
+// given system identifier and slot into the database c is connected to: it
+// drops the replication origin and deletes the bookkeeping row. The next
+// [Conn.ConsumeCanonical] of that source then applies everything it is
+// given. Replication origins are cluster-wide and outlive the database they
+// were made for: reset a source before dropping its target database. A
+// source being applied right now gives [ErrApplyInProgress].
+func (c *Conn) ResetAppliedPosition(ctx context.Context, systemID, slot string) error {
+	env, err := readApplyEnv(ctx, c.pool)
+	if err != nil {
+		return fmt.Errorf("siphon: reset applied position: %w", err)
+	}
+	key := sourceKey(systemID, slot)
+	if err := c.dropOrigin(ctx, originPrefix(env.dbOID)+key); err != nil {
+		return fmt.Errorf("siphon: reset applied position: %w", err)
+	}
+	if env.bookkeeping {
+		if _, err := c.pool.Exec(ctx, "DELETE FROM siphon.applied_position WHERE origin = $1", bookkeepingPrefix+key); err != nil {
+			return fmt.Errorf("siphon: reset applied position: %w", err)
+		}
+	}
+	return nil
+}
+
+// dropOrigin drops the named replication origin if it exists.
+func (c *Conn) dropOrigin(ctx context.Context, name string) error {
+	var exists bool
+	if err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_origin WHERE roname = $1)", name).Scan(&exists); err != nil {
+		return fmt.Errorf("read replication origins: %w", err)
+	}
+	if !exists {
+		return nil
+	}
+	_, err := c.pool.Exec(ctx, "SELECT pg_replication_origin_drop($1)", name)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55006":
+		return fmt.Errorf("%w (%s)", ErrApplyInProgress, pgErr.Message)
+	case err != nil:
+		return fmt.Errorf("drop replication origin %q: %w", name, err)
+	}
+	return nil
+}

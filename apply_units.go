@@ -1,0 +1,355 @@
+package siphon
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// changeConsumer applies a change stream. Source transactions are grouped
+// into units, one target transaction each, within which a run of inserts
+// may span source transactions (and be copied at once). The records of a
+// unit's complete source transactions stay on the source's tape: when the
+// unit fails, it is rolled back and they are applied again one
+// transaction at a time, so the target keeps every complete transaction
+// before the one that failed.
+type changeConsumer struct {
+	s   *applySession
+	src *recordSource
+	sh  shape // reused for every change
+	// replaying is set while the tape of a failed unit is applied again.
+	replaying bool
+
+	unit struct {
+		open     bool    // BEGIN is queued or sent
+		ends     []txEnd // the unit's complete source transactions
+		changes  int     // row changes in the unit
+		complete int     // records on tape up to the last complete transaction
+	}
+	tx struct {
+		open     bool               // between begin and commit
+		skipping bool               // applied before: read and ignored
+		pos      canonical.Position // the commit's start, from the begin
+	}
+	run insertRun
+}
+
+// Bounds of a unit: it is committed after the source transaction that
+// reaches maxUnitChanges row changes or puts more than maxTapeBytes/2 on
+// tape, or when the rest of the stream is not read yet. A transaction too
+// large for the tape (maxTapeBytes) ends its unit.
+const (
+	maxUnitChanges = 10000
+	maxTapeBytes   = 16 << 20
+)
+
+// txEnd is the commit of a source transaction.
+type txEnd struct {
+	pos canonical.Position
+	at  time.Time
+}
+
+// insertRun is a run of inserts into one table, not queued yet. A short
+// run is queued as statements inserting many rows at once; a long one is
+// copied (see copyRun and copyInserts).
+type insertRun struct {
+	b     *binding
+	table *canonical.Table
+	rows  []canonical.Row
+	bytes int // of the rows' values
+}
+
+// Bounds of runs of inserts: from copyThreshold rows on, a run is copied;
+// a run into a keyed table is copied in batches of at most copyBatchRows
+// rows or copyBatchBytes bytes.
+const (
+	copyThreshold  = 64
+	copyBatchRows  = 5000
+	copyBatchBytes = 8 << 20
+)
+
+func (cc *changeConsumer) consume(ctx context.Context) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return cc.fail(ctx, err)
+		}
+		rec, err := cc.src.next()
+		if err != nil {
+			return cc.fail(ctx, err)
+		}
+		switch rec.Type {
+		case canonical.RecordTable:
+			cc.s.tableRecord(rec.Table)
+		case canonical.RecordChange:
+			err = cc.change(ctx, rec)
+		case canonical.RecordEnd:
+			if err = cc.commitUnit(ctx); err == nil {
+				return nil
+			}
+		default:
+			err = fmt.Errorf("%w: a %v record in a change stream", canonical.ErrOrder, rec.Type)
+		}
+		if err != nil {
+			return cc.fail(ctx, err)
+		}
+	}
+}
+
+// applied returns the Position applied so far, committed or not.
+func (cc *changeConsumer) applied() canonical.Position {
+	if n := len(cc.unit.ends); n > 0 {
+		return cc.unit.ends[n-1].pos
+	}
+	return cc.s.progress
+}
+
+func (cc *changeConsumer) change(ctx context.Context, rec canonical.Record) error {
+	ch := rec.Change
+	switch ch.Op {
+	case canonical.OpBegin:
+		return cc.begin(ctx, rec)
+	case canonical.OpCommit:
+		return cc.commit(ctx, ch)
+	case canonical.OpMessage:
+		return nil
+	}
+	if cc.tx.skipping {
+		return nil
+	}
+	cc.unit.changes++
+	if ch.Op == canonical.OpInsert {
+		return cc.insert(ctx, rec)
+	}
+	if err := cc.flushRun(ctx); err != nil {
+		return err
+	}
+	if ch.Op == canonical.OpTruncate {
+		return cc.truncate(ctx, ch)
+	}
+	b, err := cc.s.binding(ctx, rec.Table)
+	if err != nil {
+		return err
+	}
+	return cc.queueChange(ctx, b, ch)
+}
+
+// begin starts a source transaction. Its Position is the commit's start:
+// below the applied Position (an end of commit), it was applied already.
+func (cc *changeConsumer) begin(ctx context.Context, rec canonical.Record) error {
+	pos := rec.Change.Position
+	cc.tx.open, cc.tx.skipping, cc.tx.pos = true, pos < cc.applied(), pos
+	if cc.tx.skipping {
+		if !cc.unit.open {
+			cc.src.resetTape()
+		}
+		return nil
+	}
+	if cc.unit.open && cc.src.tapeBytes > maxTapeBytes/2 {
+		if err := cc.commitUnit(ctx); err != nil {
+			return err
+		}
+	}
+	if !cc.unit.open {
+		cc.src.resetTape(rec)
+		cc.s.q.addSQL("BEGIN", "begin")
+		cc.unit.open = true
+	}
+	return nil
+}
+
+func (cc *changeConsumer) commit(ctx context.Context, ch *canonical.Change) error {
+	if cc.tx.skipping {
+		cc.tx.open, cc.tx.skipping = false, false
+		return nil
+	}
+	if ch.Position <= cc.applied() {
+		return errBackwards(ch.Position, cc.applied())
+	}
+	cc.tx.open = false
+	cc.unit.ends = append(cc.unit.ends, txEnd{pos: ch.Position, at: ch.CommitTime})
+	if cc.src.taping {
+		cc.unit.complete = len(cc.src.tape)
+	}
+	if cc.replaying || !cc.src.taping || cc.unit.changes >= maxUnitChanges || !cc.src.ready() {
+		return cc.commitUnit(ctx)
+	}
+	if cc.s.q.full() {
+		return cc.flushQueue(ctx)
+	}
+	return nil
+}
+
+// commitUnit commits the unit with the Position of its last complete
+// source transaction.
+func (cc *changeConsumer) commitUnit(ctx context.Context) error {
+	s := cc.s
+	if !cc.unit.open {
+		return nil
+	}
+	if len(cc.unit.ends) == 0 { // nothing complete: nothing to keep
+		cc.resetUnit()
+		return s.rollback(ctx)
+	}
+	if err := cc.flushRun(ctx); err != nil {
+		return err
+	}
+	last := cc.unit.ends[len(cc.unit.ends)-1]
+	s.finishTransaction(last.pos, last.at)
+	if err := s.q.flush(ctx, s.pg); err != nil {
+		return err
+	}
+	s.progress = last.pos
+	cc.resetUnit()
+	return nil
+}
+
+func (cc *changeConsumer) resetUnit() {
+	cc.unit.open, cc.unit.ends, cc.unit.changes, cc.unit.complete = false, cc.unit.ends[:0], 0, 0
+	cc.src.resetTape()
+}
+
+// fail handles an error met while applying: the unit is rolled back (the
+// server did so already if the session broke), then its complete source
+// transactions are applied again, each committed on its own, up to the
+// first that fails.
+func (cc *changeConsumer) fail(ctx context.Context, cause error) error {
+	if cc.tx.open && !cc.tx.skipping {
+		cause = fmt.Errorf("the transaction committed at %v: %w", cc.tx.pos, cause)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var again []canonical.Record
+	if cc.unit.open && len(cc.unit.ends) > 0 && !cc.replaying {
+		again = slices.Clone(cc.src.tape[:cc.unit.complete])
+	}
+	err := cc.s.rollback(ctx)
+	cc.resetUnit()
+	cc.run, cc.tx.open, cc.tx.skipping = insertRun{}, false, false
+	if err != nil || cc.s.pg.IsClosed() || len(again) == 0 {
+		return withCleanup(cause, err)
+	}
+	cc.replaying = true
+	cc.src.replayThenEnd(again)
+	return withCleanup(cause, cc.consume(ctx))
+}
+
+func (cc *changeConsumer) insert(ctx context.Context, rec canonical.Record) error {
+	b, err := cc.s.binding(ctx, rec.Table)
+	if err != nil {
+		return err
+	}
+	if cc.run.b != b {
+		if err := cc.flushRun(ctx); err != nil {
+			return err
+		}
+		cc.run.b, cc.run.table = b, rec.Table
+	}
+	cc.run.rows = append(cc.run.rows, rec.Change.New)
+	for _, v := range rec.Change.New {
+		text, _ := v.Text()
+		cc.run.bytes += len(text)
+	}
+	switch {
+	case b.key == nil && len(cc.run.rows) >= copyThreshold:
+		return cc.copyRun(ctx)
+	case len(cc.run.rows) >= copyBatchRows || cc.run.bytes >= copyBatchBytes:
+		return cc.flushRun(ctx)
+	}
+	return nil
+}
+
+// flushRun applies or queues the run of inserts.
+func (cc *changeConsumer) flushRun(ctx context.Context) error {
+	b, table, rows := cc.run.b, cc.run.table, cc.run.rows
+	cc.run = insertRun{rows: rows[:0]}
+	switch {
+	case len(rows) == 0:
+		return nil
+	case len(rows) >= copyThreshold:
+		return cc.copyInserts(ctx, b, table, rows)
+	}
+	return cc.queueInserts(ctx, b, rows)
+}
+
+// queueInserts queues inserts of rows into b's table, many rows a
+// statement.
+func (cc *changeConsumer) queueInserts(ctx context.Context, b *binding, rows []canonical.Row) error {
+	most := b.maxInsertRows()
+	for len(rows) > 0 {
+		n := 1
+		for _, size := range insertChunks {
+			if size <= most && size <= len(rows) {
+				n = size
+				break
+			}
+		}
+		if n > 1 && b.duplicateKeys(rows[:n]) {
+			n = 1 // one statement cannot upsert a row twice
+		}
+		if err := planInserts(b, rows[:n], &cc.sh); err != nil {
+			return err
+		}
+		cc.s.q.params.addRows(rows[:n])
+		if err := cc.queueStatement(ctx, b, canonical.OpInsert); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
+}
+
+// queueChange queues the statement of an update or delete.
+func (cc *changeConsumer) queueChange(ctx context.Context, b *binding, ch *canonical.Change) error {
+	ok, err := planChange(b, ch, &cc.sh)
+	if err != nil || !ok {
+		return err
+	}
+	cc.s.q.params.addChange(&cc.sh, ch)
+	return cc.queueStatement(ctx, b, ch.Op)
+}
+
+// queueStatement queues the statement of shape cc.sh with the parameters
+// in the queue's params, preparing it first when its shape is new.
+func (cc *changeConsumer) queueStatement(ctx context.Context, b *binding, op canonical.Op) error {
+	s := cc.s
+	st := b.statement(&cc.sh)
+	if st.prepared == nil && s.prepared < maxPrepared {
+		// Preparing takes a round trip of its own: send what is queued
+		// first, keeping the parameters aside.
+		params := s.q.params
+		s.q.params = paramList{}
+		err := cc.flushQueue(ctx)
+		if err == nil {
+			err = s.prepare(ctx, st)
+		}
+		s.q.params = params
+		if err != nil {
+			return err
+		}
+	}
+	s.q.add(st, stmtOwner{op: op, table: b.source})
+	if s.q.full() {
+		return cc.flushQueue(ctx)
+	}
+	return nil
+}
+
+func (cc *changeConsumer) flushQueue(ctx context.Context) error { return cc.s.q.flush(ctx, cc.s.pg) }
+
+func (cc *changeConsumer) truncate(ctx context.Context, ch *canonical.Change) error {
+	var targets []*targetTable
+	for _, name := range ch.Truncated {
+		t, err := cc.s.target(ctx, name)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, t)
+	}
+	if len(targets) > 0 {
+		cc.s.q.addSQL(truncateSQL(targets, ch.RestartIdentity), fmt.Sprintf("truncate %d tables", len(targets)))
+	}
+	return nil
+}
