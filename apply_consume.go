@@ -208,6 +208,10 @@ type applySession struct {
 	bindings map[*canonical.Table]*binding
 	q        stmtQueue
 	prepared int // statements prepared, for their names
+	// copying receives the result of the COPY running in the background,
+	// if any (see copyInBackground); what describes it.
+	copying chan error
+	what    string
 }
 
 func (c *Conn) openApplySession(ctx context.Context, h canonical.Header) (*applySession, error) {
@@ -238,6 +242,7 @@ func (c *Conn) openApplySession(ctx context.Context, h canonical.Header) (*apply
 func (s *applySession) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	s.await() // its error was returned, or the session is being closed anyway
 	if s.tracking && !s.pg.IsClosed() {
 		if err := s.rollback(ctx); err == nil {
 			if err := s.track.release(ctx, s.conn); err != nil {
@@ -273,6 +278,9 @@ func (s *applySession) target(ctx context.Context, name canonical.TableName) (*t
 	if t := s.targets[name]; t != nil {
 		return t, nil
 	}
+	if err := s.await(); err != nil {
+		return nil, err
+	}
 	t, err := loadTargetTable(ctx, s.conn, name)
 	if err != nil {
 		return nil, err
@@ -286,6 +294,9 @@ func (s *applySession) target(ctx context.Context, name canonical.TableName) (*t
 func (s *applySession) prepare(ctx context.Context, st *statement) error {
 	if st.prepared != nil || s.prepared >= maxPrepared {
 		return nil
+	}
+	if err := s.await(); err != nil {
+		return err
 	}
 	sd, err := s.pg.Prepare(ctx, fmt.Sprintf("siphon_apply_%d", s.prepared), st.sql, st.oids)
 	if err != nil {
@@ -310,6 +321,7 @@ func (s *applySession) finishTransaction(pos canonical.Position, at time.Time) {
 // rollback ends a failed transaction, if the session still stands.
 func (s *applySession) rollback(ctx context.Context) error {
 	s.q.discard()
+	s.await() // its error is why we roll back, or comes after that
 	if s.pg.IsClosed() || s.pg.TxStatus() == 'I' {
 		return nil
 	}
@@ -317,6 +329,57 @@ func (s *applySession) rollback(ctx context.Context) error {
 	defer cancel()
 	_, err := s.pg.Exec(ctx, "ROLLBACK").ReadAll()
 	return err
+}
+
+// flush sends the queued statements, once the COPY running in the
+// background is done.
+func (s *applySession) flush(ctx context.Context) error {
+	if err := s.await(); err != nil {
+		return err
+	}
+	return s.q.flush(ctx, s.pg)
+}
+
+// copyFrom runs a COPY, once the one running in the background is done.
+func (s *applySession) copyFrom(ctx context.Context, r io.Reader, sql string) error {
+	if err := s.await(); err != nil {
+		return err
+	}
+	_, err := s.pg.CopyFrom(ctx, r, sql)
+	return err
+}
+
+// copyInBackground starts a COPY from rd, which must read nothing but
+// memory it owns, in a goroutine: the stream is read on meanwhile. Every
+// other use of the session waits for it first (await).
+func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql, what string) error {
+	if err := s.await(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.pg.CopyFrom(ctx, rd, sql)
+		if rd.err != nil {
+			err = rd.err
+		}
+		done <- err
+	}()
+	s.copying, s.what = done, what
+	return nil
+}
+
+// await waits for the COPY running in the background, if any, and returns
+// its error.
+func (s *applySession) await() error {
+	if s.copying == nil {
+		return nil
+	}
+	err := <-s.copying
+	s.copying = nil
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.what, err)
+	}
+	return nil
 }
 
 // withCleanup returns cause, noting a failure to clean up after it.

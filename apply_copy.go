@@ -42,7 +42,7 @@ func (s *applySession) loadSnapshotRows(ctx context.Context, src *recordSource, 
 			}
 		case canonical.RecordEnd:
 			s.finishTransaction(rec.Position, h.Created)
-			if err := s.q.flush(ctx, s.pg); err != nil {
+			if err := s.flush(ctx); err != nil {
 				return err
 			}
 			s.progress = rec.Position
@@ -60,11 +60,11 @@ func (s *applySession) copyRows(ctx context.Context, src *recordSource, rec cano
 	if err != nil {
 		return err
 	}
-	if err := s.q.flush(ctx, s.pg); err != nil {
+	if err := s.flush(ctx); err != nil {
 		return err
 	}
 	rd := &copyReader{src: src, table: rec.Table, first: []canonical.Row{rec.Row}}
-	_, err = s.pg.CopyFrom(ctx, rd, b.copySQL(b.quoted))
+	err = s.copyFrom(ctx, rd, b.copySQL(b.quoted))
 	switch {
 	case rd.err != nil:
 		return rd.err
@@ -84,7 +84,7 @@ func (cc *changeConsumer) copyRun(ctx context.Context) error {
 		return err
 	}
 	rd := &copyReader{src: cc.src, table: cc.run.table, insert: true, first: cc.run.rows}
-	_, err := s.pg.CopyFrom(ctx, rd, b.copySQL(b.quoted))
+	err := s.copyFrom(ctx, rd, b.copySQL(b.quoted))
 	cc.unit.changes += rd.count - len(cc.run.rows)
 	cc.run = insertRun{rows: cc.run.rows[:0]}
 	switch {
@@ -98,9 +98,11 @@ func (cc *changeConsumer) copyRun(ctx context.Context) error {
 
 // copyInserts applies a batch of inserts: with COPY straight into the
 // table when it is keyless, or when none of the rows' keys is in the table
-// yet (nor twice among them); else as upserts. A row that another session
-// inserts between the check and the COPY fails the COPY, which is returned:
-// consuming the stream again applies it with an upsert.
+// yet (nor twice among them); else as upserts. The COPY runs in the
+// background. A row that another session inserts between the check and
+// the COPY fails the COPY: the unit is then applied again, and the
+// transaction with that insert fails; consuming the stream again applies
+// it with an upsert.
 func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *canonical.Table, rows []canonical.Row) error {
 	if b.key != nil {
 		conflict, err := cc.keysExist(ctx, b, rows)
@@ -114,14 +116,9 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 	if err := cc.flushQueue(ctx); err != nil {
 		return err
 	}
+	// The rows are in memory: the COPY runs while the stream is read on.
 	rd := &copyReader{table: table, first: rows}
-	if _, err := cc.s.pg.CopyFrom(ctx, rd, b.copySQL(b.quoted)); err != nil {
-		if rd.err != nil {
-			err = rd.err
-		}
-		return fmt.Errorf("copy %d inserts into %s: %w", len(rows), b.source, err)
-	}
-	return nil
+	return cc.s.copyInBackground(ctx, rd, b.copySQL(b.quoted), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source))
 }
 
 // keysExist tells whether rows cannot be copied into b's table: a key is in
@@ -191,8 +188,12 @@ func (b *binding) intKeyRange(rows []canonical.Row) (lo, hi int64, ok bool) {
 	return lo, hi, len(rows) > 0
 }
 
-// duplicateKeys reports whether two of rows have the same key.
+// duplicateKeys reports whether two of rows have the same key (never for
+// a keyless table).
 func (b *binding) duplicateKeys(rows []canonical.Row) bool {
+	if b.key == nil {
+		return false
+	}
 	seen := make(map[string]struct{}, len(rows))
 	var key []byte
 	for _, row := range rows {

@@ -67,7 +67,7 @@ type insertRun struct {
 // rows or copyBatchBytes bytes.
 const (
 	copyThreshold  = 64
-	copyBatchRows  = 5000
+	copyBatchRows  = 2000
 	copyBatchBytes = 8 << 20
 )
 
@@ -198,7 +198,7 @@ func (cc *changeConsumer) commitUnit(ctx context.Context) error {
 	}
 	last := cc.unit.ends[len(cc.unit.ends)-1]
 	s.finishTransaction(last.pos, last.at)
-	if err := s.q.flush(ctx, s.pg); err != nil {
+	if err := s.flush(ctx); err != nil {
 		return err
 	}
 	s.progress = last.pos
@@ -264,7 +264,7 @@ func (cc *changeConsumer) insert(ctx context.Context, rec canonical.Record) erro
 // flushRun applies or queues the run of inserts.
 func (cc *changeConsumer) flushRun(ctx context.Context) error {
 	b, table, rows := cc.run.b, cc.run.table, cc.run.rows
-	cc.run = insertRun{rows: rows[:0]}
+	cc.run = insertRun{} // rows may go to a COPY in the background: not reused
 	switch {
 	case len(rows) == 0:
 		return nil
@@ -318,15 +318,11 @@ func (cc *changeConsumer) queueStatement(ctx context.Context, b *binding, op can
 	st := b.statement(&cc.sh)
 	if st.prepared == nil && s.prepared < maxPrepared {
 		// Preparing takes a round trip of its own: send what is queued
-		// first, keeping the parameters aside.
-		params := s.q.params
-		s.q.params = paramList{}
-		err := cc.flushQueue(ctx)
-		if err == nil {
-			err = s.prepare(ctx, st)
+		// with it.
+		if err := cc.flushQueue(ctx); err != nil {
+			return err
 		}
-		s.q.params = params
-		if err != nil {
+		if err := s.prepare(ctx, st); err != nil {
 			return err
 		}
 	}
@@ -337,7 +333,7 @@ func (cc *changeConsumer) queueStatement(ctx context.Context, b *binding, op can
 	return nil
 }
 
-func (cc *changeConsumer) flushQueue(ctx context.Context) error { return cc.s.q.flush(ctx, cc.s.pg) }
+func (cc *changeConsumer) flushQueue(ctx context.Context) error { return cc.s.flush(ctx) }
 
 func (cc *changeConsumer) truncate(ctx context.Context, ch *canonical.Change) error {
 	var targets []*targetTable
