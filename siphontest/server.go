@@ -39,7 +39,8 @@ type Server struct {
 // ("postgres"), as a superuser. Tests should use [Server.NewDatabase].
 func (s *Server) DSN() string { return s.dsn }
 
-// Source says where the server came from: "env", "local" or "docker".
+// Source says where the server came from: "env" (SIPHON_TEST_DSN), "local",
+// "docker" or "attached" ([Attach]).
 func (s *Server) Source() string { return s.source }
 
 // Close stops a server that [Launch] started and removes its files. It is
@@ -119,10 +120,12 @@ func Main(m *testing.M) {
 func Launch(ctx context.Context, opts ...Option) (*Server, error) {
 	cfg := newConfig(opts)
 	if dsn := os.Getenv(EnvDSN); dsn != "" {
-		if err := waitReady(ctx, dsn, nil); err != nil {
+		srv, err := Attach(ctx, dsn)
+		if err != nil {
 			return nil, fmt.Errorf("siphontest: server from %s: %w", EnvDSN, err)
 		}
-		return &Server{dsn: dsn, source: "env"}, nil
+		srv.source = "env"
+		return srv, nil
 	}
 	bin, err := findServerBinaries()
 	if err == nil {
@@ -133,6 +136,16 @@ func Launch(ctx context.Context, opts ...Option) (*Server, error) {
 		return srv, nil
 	}
 	return nil, fmt.Errorf("%w (local binaries: %v; docker: %v)", ErrNoServer, err, dockerErr)
+}
+
+// Attach returns a Server for an existing PostgreSQL that dsn reaches, once
+// it answers and runs with wal_level=logical. Close leaves that server
+// running. [Server.CreateDatabase] needs a role allowed to create databases.
+func Attach(ctx context.Context, dsn string) (*Server, error) {
+	if err := waitReady(ctx, dsn, nil); err != nil {
+		return nil, err
+	}
+	return &Server{dsn: dsn, source: "attached"}, nil
 }
 
 // waitReady connects until the server answers, the context ends, or exited

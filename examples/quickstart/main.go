@@ -1,16 +1,20 @@
-// Command quickstart shows siphon's main job end to end on a throwaway
-// PostgreSQL: it creates a small shop database, writes to it, and follows
-// the data out of it with siphon.
+// Command quickstart shows siphon's main job end to end: a consistent
+// snapshot, the change stream that continues it, a full backup aligned to
+// the same timeline, an incremental backup, and exactly-once apply into two
+// copies that end identical to the source.
 //
 //	go run ./examples/quickstart
 //
 // With SIPHON_DSN unset it starts an embedded throwaway PostgreSQL (local
 // server binaries, see package siphontest) and removes it at the end. With
-// SIPHON_DSN set it works in a schema "siphon_quickstart" of that database,
-// which it drops at the end.
+// SIPHON_DSN set it works in a schema "siphon_quickstart" of that database
+// (which needs wal_level=logical and a role with REPLICATION and CREATEDB:
+// the copies are new databases on the same server) and removes everything it
+// made at the end.
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -19,10 +23,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/siphontest"
+)
+
+// Names the tour uses on the source.
+const (
+	slotName        = "siphon_quickstart"
+	publicationName = "siphon_quickstart"
 )
 
 func main() {
@@ -36,89 +45,103 @@ func main() {
 
 // run does the whole tour, printing a short account to out.
 func run(ctx context.Context, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
 	started := time.Now()
-	source, cleanup, err := sourceDatabase(ctx, out)
+	srv, source, cleanup, err := setUp(ctx, out)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-
-	if err := createShop(ctx, source); err != nil {
-		return err
-	}
-	c, err := siphon.Connect(ctx, source, siphon.WithTables("siphon_quickstart.customers", "siphon_quickstart.orders"))
+	c, err := siphon.Connect(ctx, source, siphon.WithSlot(slotName), siphon.WithPublication(publicationName),
+		siphon.WithTables(shopTables...), siphon.WithProgress(progressBar(out)))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-
-	schema, err := c.InspectSchema(ctx)
+	defer removeSlots(ctx, c, source) // a slot pins WAL for as long as it exists
+	backups, err := siphon.Connect(ctx, source, siphon.WithSlot(backupSlotName), siphon.WithPublication(publicationName),
+		siphon.WithTables(shopTables...))
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "schema: %d tables\n", len(schema.Tables))
-	for _, t := range schema.Tables {
-		fmt.Fprintf(out, "  %s: %d columns, primary key %v, replica identity %s\n", t.TableName(), len(t.Columns), t.PrimaryKey, t.ReplicaIdentity)
+	defer backups.Close()
+
+	t := tour{c: c, backups: backups, out: out, source: source, srv: srv}
+	defer t.cleanUp()
+	for _, step := range []func(context.Context) error{
+		t.snapshot, t.writes(1), t.backup, t.writes(2), t.stream, t.incremental, t.apply,
+	} {
+		if err := step(ctx); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(out, "done in %v\n", time.Since(started).Round(time.Millisecond))
 	return nil
 }
 
-// sourceDatabase returns the DSN of the database to work on and a function
-// that removes what the tour created.
-func sourceDatabase(ctx context.Context, out io.Writer) (string, func(), error) {
-	if dsn := os.Getenv("SIPHON_DSN"); dsn != "" {
-		fmt.Fprintln(out, "source: the database SIPHON_DSN names, schema siphon_quickstart")
-		return dsn, func() { dropShop(dsn) }, nil
-	}
-	launched := time.Now()
-	srv, err := siphontest.Launch(ctx)
-	if err != nil {
-		return "", nil, fmt.Errorf("start an embedded PostgreSQL (or set SIPHON_DSN): %w", err)
-	}
-	dsn, drop, err := srv.CreateDatabase(ctx)
-	if err != nil {
-		srv.Close()
-		return "", nil, err
-	}
-	fmt.Fprintf(out, "source: embedded throwaway PostgreSQL (%s), ready in %v\n", srv.Source(), time.Since(launched).Round(time.Millisecond))
-	return dsn, func() {
-		drop(context.Background())
-		srv.Close()
-	}, nil
+// tour holds what one step hands the next.
+type tour struct {
+	c        *siphon.Conn // streams on the CDC slot
+	backups  *siphon.Conn // backs up on the backup chain's slot
+	out      io.Writer
+	source   string
+	srv      *siphontest.Server
+	cleanups []func()
+
+	snapshotAt      canonical.Position
+	snapshotFile    bytes.Buffer // canonical JSONL
+	backupAt        canonical.Position
+	backupFile      bytes.Buffer // envelope with a pg_dump body
+	changes         bytes.Buffer // the stream from the snapshot, as canonical JSONL
+	incrementalFile bytes.Buffer // the bounded change set after the backup
+	txns            int          // transactions the workload committed
 }
 
-// createShop creates the demo schema and fills it.
-func createShop(ctx context.Context, dsn string) error {
-	conn, err := pgx.Connect(ctx, dsn)
+func (t *tour) snapshot(ctx context.Context) error {
+	began := time.Now()
+	pos, err := t.c.EmitCanonical(ctx, nil, &t.snapshotFile)
 	if err != nil {
-		return err
+		return fmt.Errorf("snapshot: %w", err)
 	}
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, `
-		DROP SCHEMA IF EXISTS siphon_quickstart CASCADE;
-		CREATE SCHEMA siphon_quickstart;
-		CREATE TABLE siphon_quickstart.customers (
-			id bigint PRIMARY KEY, name text NOT NULL, email text, since timestamptz NOT NULL DEFAULT now());
-		CREATE TABLE siphon_quickstart.orders (
-			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-			customer_id bigint NOT NULL REFERENCES siphon_quickstart.customers,
-			total numeric(12,2) NOT NULL, items text[] NOT NULL, details jsonb);
-		INSERT INTO siphon_quickstart.customers (id, name, email)
-			SELECT i, 'customer ' || i, 'c' || i || '@example.com' FROM generate_series(1, 1000) i;
-		INSERT INTO siphon_quickstart.orders (customer_id, total, items, details)
-			SELECT 1 + i % 1000, (i % 997) * 1.25, ARRAY['item ' || i, 'gift'], jsonb_build_object('n', i)
-			FROM generate_series(1, 5000) i;`)
-	return err
+	t.snapshotAt = pos
+	fmt.Fprintf(t.out, "1. snapshot     at %v: %s of canonical JSONL in %v\n", pos, size(t.snapshotFile.Len()), since(began))
+	return nil
 }
 
-func dropShop(dsn string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return
+func (t *tour) writes(round int) func(context.Context) error {
+	return func(ctx context.Context) error {
+		n, err := writeWorkload(ctx, t.source, round)
+		if err != nil {
+			return fmt.Errorf("workload: %w", err)
+		}
+		t.txns += n
+		what := map[int]string{1: "after the snapshot", 2: "after the backup"}[round]
+		fmt.Fprintf(t.out, "%d. writes       %d transactions %s (inserts, updates, deletes)\n", 2*round, n, what)
+		return nil
 	}
-	defer conn.Close(ctx)
-	conn.Exec(ctx, "DROP SCHEMA IF EXISTS siphon_quickstart CASCADE")
+}
+
+func (t *tour) backup(ctx context.Context) error {
+	began := time.Now()
+	if err := t.backups.Backup(ctx, siphon.BackupOptions{Schemas: []string{"siphon_quickstart"}}, &t.backupFile); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	report, err := t.backups.Verify(ctx, bytes.NewReader(t.backupFile.Bytes()))
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	if !report.OK {
+		return fmt.Errorf("verify: %v", report.Problems)
+	}
+	t.backupAt = report.Start
+	fmt.Fprintf(t.out, "3. backup       at %v: pg_dump in a checksummed envelope, %s, verified OK in %v\n",
+		report.Start, size(t.backupFile.Len()), since(began))
+	return nil
+}
+
+func (t *tour) cleanUp() {
+	for _, f := range t.cleanups {
+		f()
+	}
 }
