@@ -1,0 +1,344 @@
+package siphon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// Chain restore: a base backup restored with Restore, then the incrementals
+// that continue it applied in order with ConsumeCanonical, up to an optional
+// point in time.
+
+// Errors of [Conn.RestoreChain] callers can branch on with errors.Is.
+var (
+	// ErrBrokenChain means the backups given to RestoreChain do not form
+	// one chain; the error is a [*ChainError] naming the first bad link.
+	ErrBrokenChain = errors.New("siphon: broken backup chain")
+	// ErrTargetBeforeBase means RestoreChain was asked for a target
+	// Position before the base backup's: no restore can reach it.
+	ErrTargetBeforeBase = errors.New("siphon: the target is before the chain's base backup")
+)
+
+// ChainError is returned by [Conn.RestoreChain] when the chain it was given
+// does not verify ([Conn.VerifyChain]): a link is damaged, or does not
+// continue the previous one (a missing, repeated or reordered incremental,
+// another cluster or timeline). Nothing was restored. It matches
+// [ErrBrokenChain] with errors.Is.
+type ChainError struct {
+	// Link is the first bad link, 1-based: 1 is the base backup, 2 the
+	// first incremental.
+	Link int
+	// Problems are that link's problems, as in [ChainReport].Problems.
+	Problems []string
+	// Report is the whole chain's report.
+	Report *ChainReport
+}
+
+func (e *ChainError) Error() string {
+	return fmt.Sprintf("siphon: restore chain refused, nothing was restored: link %d: %s", e.Link, strings.Join(e.Problems, "; "))
+}
+
+// Unwrap returns [ErrBrokenChain].
+func (e *ChainError) Unwrap() error { return ErrBrokenChain }
+
+// RestoreChainOptions says how [Conn.RestoreChain] restores a chain and how
+// far it goes. The zero value restores the whole chain into the Conn's
+// database, which must be empty.
+type RestoreChainOptions struct {
+	// Restore says how the base backup is restored, as for [Conn.Restore];
+	// its Database must be empty: the whole chain goes to the Conn's
+	// database, where the incrementals are applied.
+	Restore RestoreOptions
+	// TargetPosition, when set, stops the restore at the last transaction
+	// whose commit ends at or before it (a Position read from the source,
+	// such as pg_current_wal_insert_lsn() right after a commit, or one a
+	// change stream reported). It may not be before the base backup's
+	// Position. Defaults to zero: no limit.
+	TargetPosition canonical.Position
+	// TargetTime, when set, stops the restore at the last transaction that
+	// committed at or before it (the source's commit timestamp). Defaults
+	// to the zero time: no limit. With both targets, a transaction is
+	// applied only when it is within both.
+	TargetTime time.Time
+}
+
+// hasTarget reports whether the options limit the restore.
+func (o RestoreChainOptions) hasTarget() bool { return o.TargetPosition != 0 || !o.TargetTime.IsZero() }
+
+// within reports whether a transaction that ends at pos and committed at
+// at is within the target.
+func (o RestoreChainOptions) within(pos canonical.Position, at time.Time) bool {
+	if o.TargetPosition != 0 && pos > o.TargetPosition {
+		return false
+	}
+	return o.TargetTime.IsZero() || !at.After(o.TargetTime)
+}
+
+// RestoreChain restores a chain of backups into the Conn's database: base,
+// a full backup from [Conn.Backup], with [Conn.Restore], then incrementals,
+// from [Conn.BackupIncremental] (bare JSONL, or the same in an envelope),
+// in order, with [Conn.ConsumeCanonical]. It returns the Position the
+// database then stands at: the end of the last transaction applied (the
+// base's Position when none was).
+//
+// Before anything is restored, the whole chain is read and checked with
+// [Conn.VerifyChain]: a chain that does not verify (a link damaged, missing,
+// repeated or out of order, from another cluster or timeline) is refused
+// with a [*ChainError] naming the first bad link, and the target is left
+// untouched. That is why the links are io.ReadSeekers: each is read from
+// its current offset to verify it, then sought back there and read again
+// to restore it (an incremental cut at a target is read a third time, to
+// find the cut first). Pass *os.File or *bytes.Reader values; nothing is
+// spooled or held in memory.
+//
+// With a TargetPosition or TargetTime in opt, the restore is a
+// point-in-time restore at transaction granularity: transactions are
+// applied in commit order up to the first that is past the target, which
+// and all after it are not; the incremental holding it is applied through
+// a filter that passes its table records and the complete transactions
+// before the cut, then ends the stream at the last one's commit. A target
+// past the chain's end restores the whole chain; compare the returned
+// Position with the target to tell. A TargetPosition before the base's
+// Position is refused with [ErrTargetBeforeBase], before anything is
+// restored.
+//
+// On an error after the base was restored, the database holds the base
+// and the transactions applied before the error ([Conn.AppliedPosition]
+// says up to where), and the returned Position is that of the last link
+// applied whole.
+func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, base io.ReadSeeker, incrementals ...io.ReadSeeker) (canonical.Position, error) {
+	if opt.Restore.Database != "" {
+		return 0, &OptionError{Option: "RestoreChainOptions", Problem: "Restore.Database is set",
+			Fix: "connect to the target database instead: the incrementals are applied to the Conn's database"}
+	}
+	links := append([]io.ReadSeeker{base}, incrementals...)
+	chain, rewind, err := c.verifyLinks(ctx, links)
+	if err != nil {
+		return 0, err
+	}
+	if opt.TargetPosition != 0 && opt.TargetPosition < chain.Start {
+		return 0, fmt.Errorf("siphon: restore chain refused, nothing was restored: %w: target %v, base at %v",
+			ErrTargetBeforeBase, opt.TargetPosition, chain.Start)
+	}
+	if err := rewind(0); err != nil {
+		return 0, err
+	}
+	if err := c.Restore(ctx, opt.Restore, base); err != nil {
+		return 0, fmt.Errorf("siphon: restore chain, link 1: %w", err)
+	}
+	reached := chain.Start
+	for i, r := range incrementals {
+		n, rep := i+2, chain.Links[i+1]
+		if err := rewind(i + 1); err != nil {
+			return reached, err
+		}
+		end, whole, err := c.applyLink(ctx, opt, r, rep, func() error { return rewind(i + 1) })
+		if err != nil {
+			return reached, fmt.Errorf("siphon: restore chain, link %d: %w", n, err)
+		}
+		if !end.IsZero() {
+			reached = end
+		}
+		if !whole {
+			c.log.Info("backup chain restored to a target", "position", reached, "links", n)
+			return reached, nil
+		}
+	}
+	c.log.Info("backup chain restored", "position", reached, "links", len(links))
+	return reached, nil
+}
+
+// verifyLinks verifies the chain links form from their current offsets,
+// and returns its report and a function that seeks link i back there.
+func (c *Conn) verifyLinks(ctx context.Context, links []io.ReadSeeker) (*ChainReport, func(i int) error, error) {
+	offsets := make([]int64, len(links))
+	readers := make([]io.Reader, len(links))
+	for i, r := range links {
+		off, err := r.Seek(0, io.SeekCurrent)
+		if err != nil {
+			return nil, nil, fmt.Errorf("siphon: restore chain, link %d: %w", i+1, err)
+		}
+		offsets[i], readers[i] = off, r
+	}
+	rewind := func(i int) error {
+		if _, err := links[i].Seek(offsets[i], io.SeekStart); err != nil {
+			return fmt.Errorf("siphon: restore chain, link %d: seek back to read it again: %w", i+1, err)
+		}
+		return nil
+	}
+	chain, err := c.VerifyChain(ctx, readers...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("siphon: restore chain: %w", err)
+	}
+	if err := brokenLink(chain); err != nil {
+		return nil, nil, err
+	}
+	return chain, rewind, nil
+}
+
+// brokenLink returns a *ChainError for the first bad link of a chain, or
+// nil when the chain verified and starts with a dump.
+func brokenLink(chain *ChainReport) error {
+	for i, rep := range chain.Links {
+		n := i + 1
+		var problems []string
+		for _, p := range rep.Problems {
+			problems = append(problems, fmt.Sprintf("link %d: %s", n, p))
+		}
+		if i == 0 && rep.Kind != canonical.KindDump {
+			problems = append(problems, fmt.Sprintf("link 1: is a %s: a chain starts with a full backup (a dump)", rep.Kind))
+		}
+		if i > 0 {
+			problems = append(problems, linkProblems(n, chain.Links[i-1], rep)...)
+		}
+		if len(problems) > 0 {
+			return &ChainError{Link: n, Problems: problems, Report: chain}
+		}
+	}
+	if !chain.OK {
+		return &ChainError{Link: 1, Problems: chain.Problems, Report: chain}
+	}
+	return nil
+}
+
+// applyLink applies one incremental, whole or up to the target, and returns
+// where it ended (zero when it applied nothing) and whether it was applied
+// whole (the next link may follow).
+func (c *Conn) applyLink(ctx context.Context, opt RestoreChainOptions, r io.Reader, rep *VerifyReport, rewind func() error) (canonical.Position, bool, error) {
+	cut, whole := rep.End, true
+	if opt.hasTarget() && !(opt.TargetTime.IsZero() && rep.End <= opt.TargetPosition) {
+		body, err := linkBody(ctx, r, rep)
+		if err != nil {
+			return 0, false, err
+		}
+		if cut, whole, err = findCut(body, opt); err != nil {
+			return 0, false, fmt.Errorf("find the target: %w", err)
+		}
+		if err := rewind(); err != nil {
+			return 0, false, err
+		}
+	}
+	if !whole && cut.IsZero() {
+		return 0, false, nil // the first transaction is past the target
+	}
+	body, err := linkBody(ctx, r, rep)
+	if err != nil {
+		return 0, false, err
+	}
+	if whole {
+		return rep.End, true, c.ConsumeCanonical(ctx, body)
+	}
+	return cut, false, c.consumeUpTo(ctx, body, cut)
+}
+
+// linkBody returns the JSONL of an incremental, reading it out of its
+// envelope when it has one.
+func linkBody(ctx context.Context, r io.Reader, rep *VerifyReport) (io.Reader, error) {
+	r = &ctxReader{ctx: ctx, r: r}
+	if !rep.Enveloped {
+		return r, nil
+	}
+	er := canonical.NewEnvelopeReader(r)
+	if _, err := er.Header(); err != nil {
+		return nil, err
+	}
+	return er, nil
+}
+
+// findCut reads an incremental and returns the end of the last transaction
+// within the target before the first past it (zero when the first one is
+// past it), and whether there was none past it.
+func findCut(body io.Reader, opt RestoreChainOptions) (cut canonical.Position, whole bool, err error) {
+	d := canonical.NewDecoder(body)
+	if _, err := d.Header(); err != nil {
+		return 0, false, err
+	}
+	var committed time.Time
+	for {
+		rec, err := d.Next()
+		if err == io.EOF {
+			return cut, true, nil
+		}
+		if err != nil {
+			return 0, false, err
+		}
+		if rec.Type != canonical.RecordChange {
+			continue
+		}
+		switch ch := rec.Change; ch.Op {
+		case canonical.OpBegin:
+			committed = ch.CommitTime
+		case canonical.OpCommit:
+			if !ch.CommitTime.IsZero() {
+				committed = ch.CommitTime
+			}
+			if !opt.within(ch.Position, committed) {
+				return cut, false, nil
+			}
+			cut = ch.Position
+		}
+	}
+}
+
+// errConsumerDone stops the filter of consumeUpTo once ConsumeCanonical
+// has returned.
+var errConsumerDone = errors.New("siphon: the apply session stopped reading")
+
+// consumeUpTo applies an incremental up to the commit that ends at cut:
+// a goroutine of the call re-encodes its records up to there into a pipe
+// that ConsumeCanonical reads, then an end record at cut.
+func (c *Conn) consumeUpTo(ctx context.Context, body io.Reader, cut canonical.Position) error {
+	pr, pw := io.Pipe()
+	filtered := make(chan error, 1)
+	go func() {
+		err := copyUpTo(body, pw, cut)
+		pw.CloseWithError(err) // nil: the reader sees EOF
+		filtered <- err
+	}()
+	err := c.ConsumeCanonical(ctx, pr)
+	pr.CloseWithError(errConsumerDone)
+	ferr := <-filtered
+	switch {
+	case err != nil:
+		return err // holds ferr when the filter failed first: the pipe passes it on
+	case ferr != nil:
+		return fmt.Errorf("filter the incremental: %w", ferr)
+	}
+	return nil
+}
+
+// copyUpTo copies a JSONL stream's header, table records and changes to w
+// up to the commit that ends at cut, then writes an end record there.
+func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position) error {
+	d := canonical.NewDecoder(body)
+	h, err := d.Header()
+	if err != nil {
+		return err
+	}
+	h.End = 0 // the end record carries the cut
+	enc := canonical.NewEncoder(w)
+	if err := enc.WriteHeader(h); err != nil {
+		return err
+	}
+	for {
+		rec, err := d.Next()
+		if err == io.EOF || (err == nil && rec.Type == canonical.RecordEnd) {
+			return fmt.Errorf("the stream ended before the commit at %v", cut)
+		}
+		if err != nil {
+			return err
+		}
+		if err := enc.WriteRecord(rec); err != nil {
+			return err
+		}
+		if rec.Type == canonical.RecordChange && rec.Change.Op == canonical.OpCommit && rec.Change.Position == cut {
+			return enc.WriteEnd(cut)
+		}
+	}
+}
