@@ -13,19 +13,87 @@
 //	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot("orders_cdc"))
 //	if err != nil { ... }
 //	defer c.Close()
-//	schema, err := c.InspectSchema(ctx)
+//	pos, err := c.EmitCanonical(ctx, nil, snapshotFile)    // snapshot at pos
+//	last, err := c.StreamChanges(ctx, pos, handle)          // every commit after pos
+//
+// # What each piece does
+//
+//   - [Conn.InspectSchema]: the tables siphon works on, with columns, keys
+//     and replica identity.
+//   - [Conn.TakeSnapshot], [Snapshot.CopyTables], [Conn.EmitCanonical]: a
+//     consistent snapshot from a slot that exports it, copied with binary
+//     COPY in parallel sessions that import it, resumable from checkpoints.
+//   - [Conn.StreamChanges], [Conn.CurrentPosition]: pgoutput logical
+//     replication into a Go callback; [Conn.BackupIncremental]: the bounded
+//     change set from a Position to the server's current WAL position.
+//   - [Conn.Backup], [Conn.Restore], [Conn.Verify], [Conn.VerifyChain],
+//     [Conn.RestoreChain]: pg_dump aligned to an exported snapshot, in a
+//     versioned, checksummed envelope.
+//   - [Conn.ApplyChange], [Conn.ConsumeCanonical], [Conn.AppliedPosition]:
+//     apply snapshots and change sets to a target exactly once.
+//   - [Conn.Slots], [Conn.CreateBaseSlot], [Conn.DropSlot],
+//     [Conn.SweepOrphanSlots]: slot health and lifecycle.
+//
+// # Guarantees
+//
+// Positions: a resume Position is the end of a committed transaction (the
+// Position of an [canonical.OpCommit]) or a snapshot's consistent point.
+// StreamChanges(from) delivers exactly the transactions whose commit ends
+// after from, each as OpBegin, its changes, OpCommit. A consumer that stores
+// the Position of the last OpCommit it handled and restarts from it sees
+// nothing twice and misses nothing.
+//
+// Delivery: the slot is acknowledged only up to the end of a transaction
+// whose OpCommit callback returned nil. A resume that would silently skip
+// changes (a Position behind the slot, a lost or dropped slot) is a
+// [*ResumeGapError], never a silent skip. Keepalives are answered while the
+// callback is slow, memory stays bounded however large a transaction is, and
+// an idle slot keeps advancing so it does not pin WAL.
+//
+// Alignment: snapshots and full backups are taken inside a snapshot exported
+// by a replication slot created after the persistent slot, so the rows they
+// hold are exactly the transactions committed at or before their Position,
+// and streaming from that Position continues with no gap.
+//
+// Slots: creating one waits for every transaction holding a transaction ID.
+// siphon bounds that wait, names the blocking sessions in a
+// [*SlotBlockedError], and leaves no slot, session or lock behind on failure.
+//
+// # What is and is not captured
+//
+// Captured: INSERT, UPDATE, DELETE and TRUNCATE of published tables (the
+// publication siphon creates covers every table, or the [WithTables] set),
+// transactional and non-transactional logical decoding messages, and, through
+// table records in the canonical stream, the column set of each table as it
+// changes. Not captured by the change stream or snapshots, as with any
+// logical replication: DDL (keep the target's schema in step yourself, or
+// restore a new full backup), sequence values, large objects, unlogged and
+// temporary tables, and generated columns (the target computes them). Full
+// backups (pg_dump) include DDL, sequences and large objects.
+//
+// # Requirements
+//
+// PostgreSQL 15 or later with wal_level=logical, free replication slots and
+// WAL senders, a UTF8 database, and a role with the REPLICATION attribute
+// that may create publications (or owns the tables); pg_dump and pg_restore
+// of the server's release or newer for backups. Replication origins (used by
+// apply to record progress atomically) need a superuser or EXECUTE on the
+// pg_replication_origin functions; other roles fall back to a bookkeeping
+// table.
 //
 // # Session settings
 //
 // Every session siphon opens uses fixed settings, so that values print the
 // same way everywhere (see [canonical.Value]): DateStyle ISO, TimeZone UTC,
 // IntervalStyle postgres, extra_float_digits 3, bytea_output hex and
-// lc_monetary C. The source database must use the UTF8 encoding.
+// lc_monetary C.
 //
-// # Secrets
+// # Logging and secrets
 //
-// A DSN's password never appears in siphon's errors or log lines, and child
-// processes (pg_dump) receive it through their environment, never argv.
+// siphon logs state changes only (slot created, blocked, retrying, resumed)
+// to the [WithLogger] logger, never per row. A DSN's password never appears
+// in siphon's errors or log lines, and child processes (pg_dump) receive it
+// through a password file in their environment, never argv.
 package siphon
 
 import (
@@ -85,7 +153,7 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	if err != nil {
 		// The parse error may quote the DSN, password included: say only
 		// what the DSN should look like.
-		return nil, fmt.Errorf("%w: write it as postgres://user@host:5432/dbname?sslmode=... or host=... dbname=... user=...", ErrInvalidDSN)
+		return nil, fmt.Errorf("%w: write it as a URL (postgres://user@host:5432/dbname) or as keywords (host=h port=5432 dbname=d user=u)", ErrInvalidDSN)
 	}
 	for name, value := range sessionSettings {
 		if _, set := poolConfig.ConnConfig.RuntimeParams[name]; set && name == "application_name" {
