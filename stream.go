@@ -410,7 +410,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		return setupFailed(ctx, res, err, res.resume)
 	}
 
-	conn, err := c.openStreamSession(ctx)
+	conn, sock, err := c.openStreamSession(ctx)
 	if err != nil {
 		return setupFailed(ctx, res, err, res.resume)
 	}
@@ -431,7 +431,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.resume)
 	}
 	c.log.Info("stream started", "slot", c.opts.slot, "from", cfg.from, "slot_position", slot.confirmed)
-	return c.run(ctx, conn, st, timeout)
+	return c.run(ctx, conn, sock, st, timeout)
 }
 
 // closeReplication closes a replication session and waits (briefly) until
@@ -469,7 +469,7 @@ func identifySource(ctx context.Context, conn *pgconn.PgConn) (streamInfo, error
 // run drives a started replication session: the wire reader decodes in its
 // goroutine, heartbeats are written in another, and this goroutine emits
 // and acknowledges. Both goroutines are joined before run returns.
-func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, st *streamState, senderTimeout time.Duration) (streamResult, error) {
+func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalescingConn, st *streamState, senderTimeout time.Duration) (streamResult, error) {
 	statusEvery := c.opts.statusInterval
 	// While emit holds the stream back the reader cannot see keepalives, so
 	// it sends status updates often enough for wal_sender_timeout alone.
@@ -479,6 +479,7 @@ func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, st *streamState, se
 	}
 	w := &wire{
 		conn:        conn,
+		sock:        sock,
 		acked:       &st.acked,
 		probing:     &st.probing,
 		statusEvery: statusEvery,
@@ -666,22 +667,23 @@ func setupFailed(ctx context.Context, res streamResult, err error, pos canonical
 
 // openStreamSession opens the replication session a stream reads from:
 // a replication=database session with siphon's session settings (which the
-// walsender's output functions use too), whose socket reads coalesce (see
-// coalescingConn).
-func (c *Conn) openStreamSession(ctx context.Context) (*pgconn.PgConn, error) {
+// walsender's output functions use too), on a coalescingConn.
+func (c *Conn) openStreamSession(ctx context.Context) (*pgconn.PgConn, *coalescingConn, error) {
 	config := c.config.Config.Copy()
 	config.RuntimeParams["replication"] = "database"
 	dial := config.DialFunc
+	var sock *coalescingConn // the last one dialed is the one kept
 	config.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return newCoalescingConn(conn), nil
+		sock = newCoalescingConn(conn)
+		return sock, nil
 	}
 	conn, err := pgconn.ConnectConfig(ctx, config)
 	if err != nil {
-		return nil, fmt.Errorf("open replication session: %w", err)
+		return nil, nil, fmt.Errorf("open replication session: %w", err)
 	}
-	return conn, nil
+	return conn, sock, nil
 }

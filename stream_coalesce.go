@@ -32,6 +32,10 @@ const (
 // and the low-water mark then drops back to one byte until the stream is
 // busy again, so an idle stream is read as promptly as before.
 //
+// It also tells the stream's reader when the data read so far is used up
+// (beforeRead), so decoded changes are handed on in batches as large as
+// what arrived together.
+//
 // Only the stream's reader goroutine reads. Deadlines, which another
 // goroutine may set to wake the reader, are kept as the outer bound of
 // every read.
@@ -42,12 +46,16 @@ type coalescingConn struct {
 	r, w     int
 	lowWater bool
 	lastRead time.Time
+	// beforeRead, when set, runs before each read from the socket (when
+	// everything read so far was consumed); an error it returns is the
+	// read's.
+	beforeRead func() error
 
 	mu    sync.Mutex
 	outer time.Time // the deadline set from outside
 }
 
-func newCoalescingConn(conn net.Conn) net.Conn {
+func newCoalescingConn(conn net.Conn) *coalescingConn {
 	c := &coalescingConn{Conn: conn, buf: make([]byte, coalesceBuffer)}
 	if tcp, ok := conn.(*net.TCPConn); ok && lowWaterSupported {
 		c.raw, _ = tcp.SyscallConn()
@@ -104,6 +112,11 @@ func (c *coalescingConn) Read(b []byte) (int, error) {
 		return n, nil
 	}
 	c.r, c.w = 0, 0
+	if c.beforeRead != nil {
+		if err := c.beforeRead(); err != nil {
+			return 0, err
+		}
+	}
 	for {
 		if c.lowWater {
 			c.shortDeadline()

@@ -29,7 +29,7 @@ func tcpPair(t *testing.T) (reader *coalescingConn, writer net.Conn) {
 	writer = <-accepted
 	require.NotNil(t, writer)
 	t.Cleanup(func() { dialed.Close(); writer.Close() })
-	return newCoalescingConn(dialed).(*coalescingConn), writer
+	return newCoalescingConn(dialed), writer
 }
 
 func TestCoalescingConnBurstThenTrickle(t *testing.T) {

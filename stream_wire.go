@@ -18,8 +18,8 @@ import (
 )
 
 const (
-	// batchSize is how many changes the reader hands over at once; a
-	// Commit or a keepalive hands over a partial batch.
+	// batchSize is the most changes the reader hands over at once; it hands
+	// over a partial batch before it waits for the socket.
 	batchSize = 64
 	// batchesInFlight bounds the batches decoded ahead of emit, so memory
 	// stays bounded however large a transaction is.
@@ -54,6 +54,7 @@ type item struct {
 // through acked.
 type wire struct {
 	conn        *pgconn.PgConn
+	sock        *coalescingConn // conn's socket; nil in tests of the reader alone
 	dec         *pgoutput.Decoder
 	acked       *atomic.Uint64
 	probing     *atomic.Bool
@@ -74,6 +75,13 @@ type wire struct {
 func (w *wire) run() {
 	defer close(w.done)
 	w.batch = w.newBatch()
+	if w.sock != nil {
+		// What was decoded goes to the loop before the reader waits for
+		// more: batches follow what arrived together, and nothing decoded
+		// waits on the network.
+		w.sock.beforeRead = w.flush
+		defer func() { w.sock.beforeRead = nil }()
+	}
 	// A first status update right away: it confirms the start position and,
 	// when probing, asks for a keepalive.
 	if err := w.sendStatus(w.probing.Load()); err != nil {
@@ -91,6 +99,9 @@ func (w *wire) run() {
 		default:
 		}
 		msg, err := w.conn.ReceiveMessage(context.Background())
+		if errors.Is(err, errWireStopped) {
+			return
+		}
 		if err != nil {
 			if isReadTimeout(err) {
 				if err := w.timers(); err != nil {
@@ -184,7 +195,9 @@ func (w *wire) copyData(data []byte) error {
 			w.nextStatus = time.Now().Add(w.statusEvery)
 		}
 		w.batch = append(w.batch, item{kind: itemKeepalive, walEnd: canonical.Position(ka.ServerWALEnd)})
-		return w.flush()
+		if w.sock == nil {
+			return w.flush()
+		}
 	case pglogrepl.XLogDataByteID:
 		const header = 1 + 24 // type, WAL start, WAL end, send time
 		if len(data) < header+1 {
@@ -197,12 +210,17 @@ func (w *wire) copyData(data []byte) error {
 			w.batch = w.batch[:len(w.batch)-1]
 			return err
 		}
-		op := it.ch.Op
-		if len(w.batch) == cap(w.batch) || op == canonical.OpCommit || op == canonical.OpMessage && !it.ch.Message.Transactional {
+		if len(w.batch) == cap(w.batch) || w.sock == nil && endsBatch(&it.ch) {
 			return w.flush()
 		}
 	}
 	return nil
+}
+
+// endsBatch reports whether a change ends a batch when the reader cannot
+// tell when the socket is read (no coalescingConn).
+func endsBatch(ch *canonical.Change) bool {
+	return ch.Op == canonical.OpCommit || ch.Op == canonical.OpMessage && !ch.Message.Transactional
 }
 
 // flush hands the current batch to the stream loop. While the loop is busy
