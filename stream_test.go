@@ -629,6 +629,13 @@ func TestStreamSlowEmitKeepsTheSession(t *testing.T) {
 	require.Len(t, pids, 2)
 	assert.Equal(t, pids[0], pids[1], "the same walsender all along")
 
+	// Idle for longer than wal_sender_timeout, with status updates due only
+	// every 10 s: answering the server's keepalives keeps the session.
+	idle, cancelIdle := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelIdle()
+	_, err = c.StreamChanges(idle, 0, func(canonical.Change) error { return nil })
+	require.NoError(t, err, "an idle stream outlives wal_sender_timeout")
+
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
 }
