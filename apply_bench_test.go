@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -16,17 +15,6 @@ import (
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/siphontest"
 )
-
-// benchRows returns SIPHON_BENCH_ROWS, or a small default.
-func benchRows(b *testing.B) int {
-	n := 20000
-	if s := os.Getenv("SIPHON_BENCH_ROWS"); s != "" {
-		var err error
-		n, err = strconv.Atoi(s)
-		require.NoError(b, err, "SIPHON_BENCH_ROWS")
-	}
-	return n
-}
 
 const benchDDL = `(id bigint PRIMARY KEY, name text NOT NULL, amount numeric(12,2), at timestamptz, tags text[], payload jsonb)`
 
@@ -98,7 +86,7 @@ func benchConsume(b *testing.B, perTx int) {
 	require.NoError(b, err)
 	defer c.Close()
 	defer c.ResetAppliedPosition(ctx, "42", "bench")
-	n := benchRows(b)
+	n := envInt(b, "SIPHON_BENCH_ROWS", 20000)
 	stream, copyText := benchData(b, c, n, perTx)
 
 	var consumeTime, copyTime time.Duration

@@ -36,10 +36,7 @@ type backupBench struct {
 
 func newBackupBench(b *testing.B) *backupBench {
 	b.Helper()
-	rows := 200_000
-	if n, err := strconv.Atoi(os.Getenv("SIPHON_BENCH_ROWS")); err == nil && n > 0 {
-		rows = n
-	}
+	rows := envInt(b, "SIPHON_BENCH_ROWS", 200_000)
 	ctx := context.Background()
 	dsn := siphontest.Start(b).NewDatabase(b)
 	admin, err := pgx.Connect(ctx, dsn)

@@ -2,6 +2,8 @@ package siphon_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -10,7 +12,16 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
-func TestMain(m *testing.M) { siphontest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv("SIPHON_RSS_CHILD_DSN") != "" {
+		if err := rssChild(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	siphontest.Main(m)
+}
 
 // newDatabase returns a fresh database's DSN and an admin session on it,
 // closed when the test ends.

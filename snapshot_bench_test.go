@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -32,12 +31,7 @@ import (
 //
 //	SIPHON_BENCH_ROWS=1000000 go test -run '^$' -bench BenchmarkSnapshotCopy -benchtime 3x
 func BenchmarkSnapshotCopy(b *testing.B) {
-	rows := 20000
-	if s := os.Getenv("SIPHON_BENCH_ROWS"); s != "" {
-		n, err := strconv.Atoi(s)
-		require.NoError(b, err, "SIPHON_BENCH_ROWS")
-		rows = n
-	}
+	rows := envInt(b, "SIPHON_BENCH_ROWS", 20000)
 	psql := findPsql(b)
 	ctx := context.Background()
 	dsn := siphontest.Start(b).NewDatabase(b)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
@@ -22,11 +23,18 @@ import (
 )
 
 // envInt reads a positive integer from the environment, or returns def.
-func envInt(name string, def int) int {
-	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
-		return n
+// envInt returns the positive integer the environment variable name holds,
+// or def when it is unset; another value fails the benchmark. Every
+// benchmark sizes its data set through it (SIPHON_BENCH_ROWS...).
+func envInt(tb testing.TB, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
 	}
-	return def
+	n, err := strconv.Atoi(s)
+	require.NoError(tb, err, name)
+	require.Positive(tb, n, name)
+	return n
 }
 
 // pgRecvlogical finds the pg_recvlogical binary.
@@ -173,8 +181,8 @@ func (s *benchSource) recvlogical(b *testing.B, slot string, binary bool) time.D
 // SIPHON_BENCH_ROWS sets the row count (default 100000) and
 // SIPHON_BENCH_TX_ROWS the rows per transaction (default 100).
 func BenchmarkStreamChanges(b *testing.B) {
-	rows := envInt("SIPHON_BENCH_ROWS", 100_000)
-	src := newBenchSource(b, rows, envInt("SIPHON_BENCH_TX_ROWS", 100))
+	rows := envInt(b, "SIPHON_BENCH_ROWS", 100_000)
+	src := newBenchSource(b, rows, envInt(b, "SIPHON_BENCH_TX_ROWS", 100))
 	report := func(b *testing.B, total time.Duration) {
 		b.ReportMetric(float64(rows)*float64(b.N)/total.Seconds(), "rows/s")
 		b.ReportMetric(0, "ns/op")
@@ -252,13 +260,13 @@ func pairedRatio(b *testing.B, unit string, reference, contender func(slot strin
 // 64 MiB) in a child process that reports its own peak RSS (VmHWM), so
 // the figure is the stream's alone.
 func BenchmarkStreamHugeTransactionRSS(b *testing.B) {
-	rows := envInt("SIPHON_BENCH_HUGE_ROWS", 200_000)
+	rows := envInt(b, "SIPHON_BENCH_HUGE_ROWS", 200_000)
 	src := newBenchSource(b, rows, rows)
 	for b.Loop() {
 		b.StopTimer()
 		slot := src.copySlot(b)
 		b.StartTimer()
-		cmd := exec.Command(os.Args[0], "-test.run=^TestStreamRSSChild$", "-test.v", "-test.count=1")
+		cmd := exec.Command(os.Args[0])
 		cmd.Env = append(os.Environ(), "SIPHON_RSS_CHILD_DSN="+src.dsn, "SIPHON_RSS_CHILD_SLOT="+slot,
 			"SIPHON_RSS_CHILD_ROWS="+strconv.Itoa(rows))
 		out, err := cmd.CombinedOutput()
@@ -281,21 +289,18 @@ func BenchmarkStreamHugeTransactionRSS(b *testing.B) {
 	}
 }
 
-// TestStreamRSSChild is BenchmarkStreamHugeTransactionRSS's child process;
-// it does nothing in a normal test run.
-func TestStreamRSSChild(t *testing.T) {
-	dsn := os.Getenv("SIPHON_RSS_CHILD_DSN")
-	if dsn == "" {
-		t.Skip("run by BenchmarkStreamHugeTransactionRSS")
-	}
+// rssChild is BenchmarkStreamHugeTransactionRSS's child process (TestMain
+// runs it when SIPHON_RSS_CHILD_DSN is set): it streams the huge transaction
+// and prints its own peak RSS.
+func rssChild() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot(os.Getenv("SIPHON_RSS_CHILD_SLOT")))
+	c, err := siphon.Connect(ctx, os.Getenv("SIPHON_RSS_CHILD_DSN"), siphon.WithSlot(os.Getenv("SIPHON_RSS_CHILD_SLOT")))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer c.Close()
-	want := envInt("SIPHON_RSS_CHILD_ROWS", 0)
+	want, _ := strconv.Atoi(os.Getenv("SIPHON_RSS_CHILD_ROWS"))
 	inserts := 0
 	began := time.Now()
 	_, err = c.StreamChanges(ctx, 0, func(ch canonical.Change) error {
@@ -311,14 +316,14 @@ func TestStreamRSSChild(t *testing.T) {
 	})
 	took := time.Since(began)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if inserts != want {
-		t.Fatalf("streamed %d inserts, want %d", inserts, want)
+		return fmt.Errorf("streamed %d inserts, want %d", inserts, want)
 	}
 	status, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for line := range strings.SplitSeq(string(status), "\n") {
 		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
@@ -326,4 +331,5 @@ func TestStreamRSSChild(t *testing.T) {
 			fmt.Printf("rss-child: vmhwm_kib=%d took_ms=%d\n", kib, took.Milliseconds())
 		}
 	}
+	return nil
 }
