@@ -114,10 +114,16 @@ func WithSlotRetry(r SlotRetry) Option {
 // Defaults to 10s.
 func WithStatusInterval(d time.Duration) Option { return func(o *options) { o.statusInterval = d } }
 
-// WithHeartbeat makes streaming write a logical decoding message
-// (pg_logical_emit_message, prefix "siphon.heartbeat") at this interval, so
-// the slot keeps advancing on a server where only unpublished tables change.
-// Defaults to 0: off.
+// WithHeartbeat makes streaming also write a heartbeat at this interval: a
+// logical decoding message (pg_logical_emit_message, prefix
+// "siphon.heartbeat", never emitted to the callback) that records the last
+// transaction handled. A heartbeat is how an idle slot advances safely: the
+// stream acknowledges the heartbeat's position, and a later resume from the
+// last OpCommit Position behind it is accepted because the heartbeat vouches
+// that nothing published lies in between. Without this option heartbeats are
+// still written on demand, when nothing is in flight and the server's WAL
+// has moved on past the acknowledged position; the interval adds a steady
+// beat for servers with no traffic at all. Defaults to 0: on demand only.
 func WithHeartbeat(d time.Duration) Option { return func(o *options) { o.heartbeat = d } }
 
 // WithProgress sets a function that receives table copy progress, a few
