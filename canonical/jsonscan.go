@@ -212,22 +212,8 @@ func hex4(data []byte, i int) (rune, bool) {
 	if i+4 > len(data) {
 		return 0, false
 	}
-	var r rune
-	for _, c := range data[i : i+4] {
-		var d byte
-		switch {
-		case c >= '0' && c <= '9':
-			d = c - '0'
-		case c >= 'a' && c <= 'f':
-			d = c - 'a' + 10
-		case c >= 'A' && c <= 'F':
-			d = c - 'A' + 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(d)
-	}
-	return r, true
+	v, ok := parseHex32(data[i : i+4])
+	return rune(v), ok
 }
 
 // unescape appends the decoded content of raw, which stringRaw checked.
