@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"testing"
@@ -82,11 +83,19 @@ func (bb *backupBench) backup(b *testing.B) (time.Duration, int64) {
 	return time.Since(began), out.n
 }
 
+// pgTool prepares a PostgreSQL client program on conn's database: the
+// connection goes in the environment, never in argv (siphontest's
+// superuser has no password).
+func pgTool(path string, conn pgdump.Conn, args ...string) *exec.Cmd {
+	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(), "PGHOST="+conn.Host, "PGPORT="+strconv.Itoa(int(conn.Port)),
+		"PGUSER="+conn.User, "PGDATABASE="+conn.Database)
+	return cmd
+}
+
 // pgDumpFc runs plain pg_dump -Fc, the same binary, to a counting sink.
 func (bb *backupBench) pgDumpFc(b *testing.B) (time.Duration, int64) {
-	cmd := exec.Command(bb.pgDump.Path, "-Fc", "--no-password")
-	cmd.Env = append(os.Environ(), "PGHOST="+bb.conn.Host, "PGPORT="+strconv.Itoa(int(bb.conn.Port)),
-		"PGUSER="+bb.conn.User, "PGDATABASE="+bb.conn.Database)
+	cmd := pgTool(bb.pgDump.Path, bb.conn, "-Fc", "--no-password")
 	var out countingDiscard
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
@@ -143,6 +152,173 @@ func BenchmarkBackup(b *testing.B) {
 		sort.Float64s(ratios)
 		b.ReportMetric(ratios[len(ratios)/2], "x_pg_dump(median)")
 		b.ReportMetric(ratios[len(ratios)-1], "x_pg_dump(max)")
+		b.ReportMetric(0, "ns/op")
+	})
+}
+
+// restoreBench holds one Backup envelope and one plain pg_dump -Fc file of
+// the backupBench database, and the server to create restore targets on.
+type restoreBench struct {
+	*backupBench
+	srv       *siphontest.Server
+	envelope  []byte
+	dumpFile  string
+	pgRestore pgdump.Program
+}
+
+func newRestoreBench(b *testing.B) *restoreBench {
+	b.Helper()
+	bb := newBackupBench(b)
+	ctx := context.Background()
+	var envelope bytes.Buffer
+	if err := bb.c.Backup(ctx, siphon.BackupOptions{}, &envelope); err != nil {
+		b.Fatal(err)
+	}
+	dumpFile := filepath.Join(b.TempDir(), "bench.dump")
+	f, err := os.Create(dumpFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := pgTool(bb.pgDump.Path, bb.conn, "-Fc", "--no-password")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = f, &stderr
+	err = cmd.Run()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		b.Fatalf("pg_dump: %v: %s", err, stderr.String())
+	}
+	prog, err := pgdump.Find(ctx, "pg_restore", "", pgdump.Version{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &restoreBench{backupBench: bb, srv: siphontest.Start(b), envelope: envelope.Bytes(), dumpFile: dumpFile, pgRestore: prog}
+}
+
+// target creates an empty database, off the timer, and returns its
+// connection settings and a function that drops it.
+func (rb *restoreBench) target(b *testing.B) (pgdump.Conn, func()) {
+	b.Helper()
+	b.StopTimer()
+	defer b.StartTimer()
+	ctx := context.Background()
+	dsn, drop, err := rb.srv.CreateDatabase(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	conn, err := pgdump.ParseDSN(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return conn, func() {
+		b.StopTimer()
+		defer b.StartTimer()
+		if err := drop(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// restore runs Restore of the envelope into a fresh database (named by
+// RestoreOptions.Database on the source's Conn) and returns its wall time.
+func (rb *restoreBench) restore(b *testing.B) time.Duration {
+	conn, drop := rb.target(b)
+	defer drop()
+	began := time.Now()
+	if err := rb.c.Restore(context.Background(), siphon.RestoreOptions{Database: conn.Database}, bytes.NewReader(rb.envelope)); err != nil {
+		b.Fatal(err)
+	}
+	took := time.Since(began)
+	rb.checkRows(b, conn)
+	return took
+}
+
+// pgRestoreFile runs plain pg_restore --exit-on-error of the pg_dump -Fc
+// file into a fresh database and returns its wall time.
+func (rb *restoreBench) pgRestoreFile(b *testing.B) time.Duration {
+	conn, drop := rb.target(b)
+	defer drop()
+	cmd := pgTool(rb.pgRestore.Path, conn, "--no-password", "--exit-on-error", "-d", "", rb.dumpFile)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	began := time.Now()
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("pg_restore: %v: %s", err, stderr.String())
+	}
+	took := time.Since(began)
+	rb.checkRows(b, conn)
+	return took
+}
+
+// checkRows fails the benchmark unless the restored table holds every row,
+// off the timer.
+func (rb *restoreBench) checkRows(b *testing.B, conn pgdump.Conn) {
+	b.StopTimer()
+	defer b.StartTimer()
+	ctx := context.Background()
+	db, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=%s dbname=%s", conn.Host, conn.Port, conn.User, conn.Database))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close(ctx)
+	var n int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM bench").Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	if n != rb.rows {
+		b.Fatalf("restored %d rows, want %d", n, rb.rows)
+	}
+}
+
+// BenchmarkRestore compares Restore (envelope verified and spooled, then
+// pg_restore --exit-on-error) with plain pg_restore --exit-on-error of a
+// pg_dump -Fc file of the same database, with the same pg_restore, each into
+// a fresh empty database (created and dropped off the timer), in one run.
+// The data is BenchmarkBackup's. The ratio sub-benchmark runs both on each
+// iteration, in alternating order, and reports the median and max of
+// Restore's wall time over pg_restore's. SIPHON_BENCH_ROWS sets the table's
+// row count (default 200000).
+//
+//	SIPHON_BENCH_ROWS=300000 go test -run '^$' -bench 'BenchmarkRestore$' -benchtime 3x
+func BenchmarkRestore(b *testing.B) {
+	rb := newRestoreBench(b)
+	report := func(b *testing.B, total time.Duration) {
+		b.ReportMetric(float64(rb.rows)*float64(b.N)/total.Seconds(), "rows/s")
+		b.ReportMetric(0, "ns/op")
+	}
+	b.Run("pg_restore", func(b *testing.B) {
+		var total time.Duration
+		for b.Loop() {
+			total += rb.pgRestoreFile(b)
+		}
+		report(b, total)
+	})
+	b.Run("siphon", func(b *testing.B) {
+		var total time.Duration
+		for b.Loop() {
+			total += rb.restore(b)
+		}
+		report(b, total)
+	})
+	b.Run("ratio", func(b *testing.B) {
+		var ratios []float64
+		var oursTotal, theirsTotal time.Duration
+		for i := 0; b.Loop(); i++ {
+			var ours, theirs time.Duration
+			if i%2 == 0 {
+				ours, theirs = rb.restore(b), rb.pgRestoreFile(b)
+			} else {
+				theirs, ours = rb.pgRestoreFile(b), rb.restore(b)
+			}
+			oursTotal, theirsTotal = oursTotal+ours, theirsTotal+theirs
+			ratios = append(ratios, ours.Seconds()/theirs.Seconds())
+		}
+		sort.Float64s(ratios)
+		b.ReportMetric(ratios[len(ratios)/2], "x_pg_restore(median)")
+		b.ReportMetric(ratios[len(ratios)-1], "x_pg_restore(max)")
+		b.ReportMetric(float64(rb.rows)*float64(b.N)/oursTotal.Seconds(), "siphon_rows/s")
+		b.ReportMetric(float64(rb.rows)*float64(b.N)/theirsTotal.Seconds(), "pg_restore_rows/s")
 		b.ReportMetric(0, "ns/op")
 	})
 }

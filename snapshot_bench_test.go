@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/pgdump"
 	"github.com/siphondb/siphon/siphontest"
 )
 
@@ -27,7 +29,10 @@ import (
 // reference too (off the timer), right before the contender, so the ratio
 // x-psql (the contender's speed as a multiple of psql's; above 1 is faster)
 // holds on a machine whose load changes. The psql sub-benchmark gives the
-// reference's own figures.
+// reference's own figures. vs_pg_dump runs EmitCanonical and pg_dump -Fc -t
+// bench (to /dev/null) in each iteration, alternating, and reports
+// EmitCanonical's wall time over pg_dump's (x_pg_dump; the target is at
+// most 1).
 //
 //	SIPHON_BENCH_ROWS=1000000 go test -run '^$' -bench BenchmarkSnapshotCopy -benchtime 3x
 func BenchmarkSnapshotCopy(b *testing.B) {
@@ -125,8 +130,56 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 				require.NoError(b, err)
 			})
 		})
+		b.Run(fmt.Sprintf("vs_pg_dump/sessions=%d", sessions), func(b *testing.B) {
+			vsPgDump(b, dsn, rows, devNull, func() {
+				_, err := c.EmitCanonical(ctx, schema, io.Discard)
+				require.NoError(b, err)
+			})
+		})
 		require.NoError(b, c.Close())
 	}
+}
+
+// vsPgDump runs pg_dump -Fc -t bench to /dev/null and emit once each per
+// iteration, in alternating order, and reports the median and max of emit's
+// wall time over pg_dump's (the target is at most 1), and each one's rows/s.
+func vsPgDump(b *testing.B, dsn string, rows int, devNull *os.File, emit func()) {
+	ctx := context.Background()
+	conn, err := pgdump.ParseDSN(dsn)
+	require.NoError(b, err)
+	prog, err := pgdump.Find(ctx, "pg_dump", "", pgdump.Version{})
+	require.NoError(b, err)
+	dump := func() time.Duration {
+		cmd := pgTool(prog.Path, conn, "-Fc", "--no-password", "-t", "public.bench")
+		var stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = devNull, &stderr
+		start := time.Now()
+		require.NoError(b, cmd.Run(), stderr.String())
+		return time.Since(start)
+	}
+	timed := func() time.Duration {
+		start := time.Now()
+		emit()
+		return time.Since(start)
+	}
+	var ratios []float64
+	var ours, theirs time.Duration
+	for i := 0; b.Loop(); i++ {
+		var o, t time.Duration
+		if i%2 == 0 {
+			o, t = timed(), dump()
+		} else {
+			t, o = dump(), timed()
+		}
+		ours, theirs = ours+o, theirs+t
+		ratios = append(ratios, o.Seconds()/t.Seconds())
+	}
+	sort.Float64s(ratios)
+	b.ReportMetric(ratios[len(ratios)/2], "x_pg_dump(median)")
+	b.ReportMetric(ratios[len(ratios)-1], "x_pg_dump(max)")
+	b.ReportMetric(float64(rows)*float64(b.N)/ours.Seconds(), "siphon_rows/s")
+	b.ReportMetric(float64(rows)*float64(b.N)/theirs.Seconds(), "pg_dump_rows/s")
+	b.ReportMetric(0, "ns/op")
 }
 
 // findPsql finds psql on PATH or beside the PostgreSQL server binaries.

@@ -172,12 +172,35 @@ func (s *benchSource) recvlogical(b *testing.B, slot string, binary bool) time.D
 	return time.Since(began)
 }
 
+// serverDecode has the server decode a copy of the slot by itself, with no
+// client in the way: SELECT count(*) over pg_logical_slot_peek_binary_changes
+// (pgoutput, the same options pg_recvlogical is given).
+func (s *benchSource) serverDecode(b *testing.B, slot string) time.Duration {
+	b.Helper()
+	var n int
+	began := time.Now()
+	err := s.admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+		'proto_version', '1', 'publication_names', 'siphon', 'messages', 'true')`, slot).Scan(&n)
+	took := time.Since(began)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if n < s.rows {
+		b.Fatalf("server decoded %d messages, want at least %d", n, s.rows)
+	}
+	return took
+}
+
 // BenchmarkStreamChanges compares StreamChanges (no-op emit, every value
 // decoded into canonical text) with pg_recvlogical (pgoutput, to /dev/null)
 // on copies of the same slot over the same WAL, in one run; "ratio" runs
 // both on each iteration and reports the median speed ratio. The
 // pg_recvlogical_binary variant and "binary_gain" ask pgoutput for binary
 // values, to measure what binary mode would save on the server.
+// "server_decode" has the server decode a copy of the slot by itself
+// (count(*) over pg_logical_slot_peek_binary_changes), and
+// "server_decode_ratio" reports siphon's rows/s over that (target at least
+// 0.8): how much of the server's own decode rate reaches the callback.
 // SIPHON_BENCH_ROWS sets the row count (default 100000) and
 // SIPHON_BENCH_TX_ROWS the rows per transaction (default 100).
 func BenchmarkStreamChanges(b *testing.B) {
@@ -217,10 +240,24 @@ func BenchmarkStreamChanges(b *testing.B) {
 		}
 		report(b, total)
 	})
+	b.Run("server_decode", func(b *testing.B) {
+		var total time.Duration
+		for b.Loop() {
+			b.StopTimer()
+			slot := src.copySlot(b)
+			b.StartTimer()
+			total += src.serverDecode(b, slot)
+		}
+		report(b, total)
+	})
 	// Both on each iteration, in alternating order: the median of the
 	// per-iteration ratios holds on a noisy machine.
 	b.Run("ratio", func(b *testing.B) {
 		pairedRatio(b, "x_pg_recvlogical", func(slot string) time.Duration { return src.recvlogical(b, slot, false) },
+			func(slot string) time.Duration { return src.siphon(b, slot) }, src.copySlot)
+	})
+	b.Run("server_decode_ratio", func(b *testing.B) {
+		pairedRatio(b, "x_server_decode", func(slot string) time.Duration { return src.serverDecode(b, slot) },
 			func(slot string) time.Duration { return src.siphon(b, slot) }, src.copySlot)
 	})
 	// What binary mode would save the walsender: pg_recvlogical in text
