@@ -13,6 +13,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(faultChildSource) != "" {
+		if err := faultChild(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv("SIPHON_RSS_CHILD_DSN") != "" {
 		if err := rssChild(); err != nil {
 			fmt.Fprintln(os.Stderr, err)

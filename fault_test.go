@@ -1,0 +1,493 @@
+package siphon_test
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
+)
+
+// The environment of the fault child (TestMain runs faultChild when
+// faultChildSource is set).
+const (
+	faultChildSource = "SIPHON_FAULT_CHILD_SOURCE"
+	faultChildTarget = "SIPHON_FAULT_CHILD_TARGET"
+	faultChildSlot   = "SIPHON_FAULT_CHILD_SLOT"
+	faultChildSystem = "SIPHON_FAULT_CHILD_SYSTEM_ID"
+)
+
+// faultEndPrefix is the prefix of the transactional message in the last
+// source transaction: the child stops once that transaction is applied.
+const faultEndPrefix = "fault.end"
+
+// The child reports its progress on stdout, a line per event, so the
+// parent can tell where a kill landed: "S" the stream starts, "B <commit
+// LSN>" a transaction begins, "C" it is applied in the target. The last
+// child ends with "end <position>".
+const (
+	markStart  = "S"
+	markBegin  = "B"
+	markCommit = "C"
+)
+
+var faultDDL = []string{
+	// Keyless, inserts only: a transaction applied twice leaves duplicates.
+	`CREATE TABLE fault_events (seq int8 NOT NULL, worker int NOT NULL, note text)`,
+	`ALTER TABLE fault_events REPLICA IDENTITY FULL`,
+	`CREATE TABLE fault_accounts (id int8 PRIMARY KEY, balance int8 NOT NULL, note text)`,
+}
+
+// TestKillAtRandomPointsAppliesEachTransactionOnce runs the whole change
+// data capture loop (StreamChanges into ConsumeCanonical, acknowledging a
+// transaction only once the target has applied it) in a child process,
+// SIGKILLs it at random moments while the source keeps committing, then
+// lets a last child catch up: the target must hold exactly the source's
+// data, every transaction applied once, and nothing may be left behind.
+func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rounds := envInt(t, "SIPHON_KILL_ROUNDS", 30)
+	srcDSN, srcConn := newDatabase(t)
+	tgtDSN, tgtConn := newDatabase(t)
+	execSQL(t, srcConn, faultDDL...)
+	execSQL(t, tgtConn, faultDDL...)
+	slot := streamSlot(t)
+	var systemID string
+	require.NoError(t, srcConn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&systemID))
+	t.Cleanup(func() {
+		// Replication origins are cluster-wide: forget this one.
+		c, err := siphon.Connect(ctx, tgtDSN)
+		if assert.NoError(t, err) {
+			assert.NoError(t, c.ResetAppliedPosition(ctx, systemID, slot))
+			c.Close()
+		}
+	})
+
+	// The slot exists before the first transaction, so the stream holds
+	// every one of them.
+	src, err := siphon.Connect(ctx, srcDSN, siphon.WithSlot(slot))
+	require.NoError(t, err)
+	_, err = src.CurrentPosition(ctx)
+	src.Close()
+	require.NoError(t, err)
+
+	env := append(os.Environ(), faultChildSource+"="+srcDSN, faultChildTarget+"="+tgtDSN,
+		faultChildSlot+"="+slot, faultChildSystem+"="+systemID)
+	began := time.Now()
+	load := startFaultWorkload(t, srcDSN)
+
+	origin := fmt.Sprintf("siphon_%s_%s_%s", dbOID(t, tgtConn), systemID, slot)
+	tally := killTally{landed: map[string]int{}}
+	for i := range rounds {
+		out := runKilledChild(t, env, 50*time.Millisecond+rand.N(350*time.Millisecond))
+		awaitReleased(t, srcConn, tgtConn, slot)
+		tally.record(t, i+1, out, srcConn, tgtConn, slot, origin)
+	}
+	require.NoError(t, load.stop())
+	var endLSN string
+	require.NoError(t, srcConn.QueryRow(ctx, `
+		WITH r AS (INSERT INTO fault_accounts VALUES (-1, 0, 'end') RETURNING 1)
+		SELECT pg_logical_emit_message(true, $1, 'end')::text FROM r`, faultEndPrefix).Scan(&endLSN))
+
+	end := runLastChild(t, env)
+	t.Logf("%d rounds (%d moved the slot on, %d past the target), %d source transactions, %v: kills %v",
+		rounds, tally.acked, tally.ahead, load.committed, time.Since(began).Round(time.Millisecond), tally.landed)
+
+	tgt, err := siphon.Connect(ctx, tgtDSN)
+	require.NoError(t, err)
+	applied, err := tgt.AppliedPositionFor(ctx, systemID, slot)
+	tgt.Close()
+	require.NoError(t, err)
+	assert.Equal(t, end, applied, "the target stands at the source's last commit")
+	msgLSN, err := canonical.ParsePosition(endLSN)
+	require.NoError(t, err)
+	assert.Greater(t, applied, msgLSN, "the last commit ends after its message")
+	for _, table := range []string{"fault_events", "fault_accounts"} {
+		assert.Equal(t, digestOf(t, srcConn, table), digestOf(t, tgtConn, table), table)
+	}
+	assert.Equal(t, [][]*string(nil), rawRows(t, tgtConn,
+		"SELECT seq::text, count(*)::text FROM fault_events GROUP BY seq HAVING count(*) > 1 ORDER BY seq LIMIT 10"),
+		"no source transaction applied twice")
+	assertNoLeaks(t, srcDSN, slot)
+}
+
+// killTally counts where kills landed and how the slot moved.
+type killTally struct {
+	landed        map[string]int
+	acked, ahead  int // rounds that moved the slot on, past the target
+	lastConfirmed canonical.Position
+}
+
+// record notes round's kill, once the killed child's sessions are gone.
+func (k *killTally) record(t *testing.T, round int, out string, srcConn, tgtConn *pgx.Conn, slot, origin string) {
+	t.Helper()
+	where := killedWhere(t, out, tgtConn, origin)
+	k.landed[where]++
+	// A slot acknowledged past the target is fine only when a heartbeat
+	// vouches for the gap; the next child finds out (a ResumeGapError
+	// fails it), so this is only counted.
+	confirmed, applied := slotConfirmed(t, srcConn, slot), originProgress(t, tgtConn, origin)
+	if confirmed > k.lastConfirmed {
+		k.acked++
+	}
+	if confirmed > applied {
+		k.ahead++
+	}
+	k.lastConfirmed = confirmed
+	n := 0
+	for line := range strings.Lines(out) {
+		if line == markCommit+"\n" {
+			n++
+		}
+	}
+	t.Logf("round %d: %d transactions applied, killed %s; target at %v, slot at %v", round, n, where, applied, confirmed)
+}
+
+// Where a kill landed, as killedWhere tells it.
+const (
+	killedBeforeAny  = "before the first transaction"
+	killedBetween    = "between transactions"
+	killedMidPending = "mid-transaction, not applied"
+	killedMidApplied = "mid-transaction, applied but not acknowledged"
+)
+
+// killedWhere tells from a killed child's output, and the target's origin
+// once the child's sessions are gone, where the kill landed.
+func killedWhere(t *testing.T, out string, tgtConn *pgx.Conn, origin string) string {
+	t.Helper()
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	last := lines[len(lines)-1]
+	switch {
+	case last == "" || last == markStart:
+		return killedBeforeAny
+	case last == markCommit:
+		return killedBetween
+	}
+	lsn, ok := strings.CutPrefix(last, markBegin+" ")
+	require.True(t, ok, "child output line %q", last)
+	commitLSN, err := canonical.ParsePosition(lsn)
+	require.NoError(t, err)
+	if originProgress(t, tgtConn, origin) > commitLSN {
+		return killedMidApplied
+	}
+	return killedMidPending
+}
+
+// originProgress reads the target's replication origin (zero when it does
+// not exist yet).
+func originProgress(t *testing.T, tgtConn *pgx.Conn, origin string) canonical.Position {
+	t.Helper()
+	var progress *string
+	err := tgtConn.QueryRow(context.Background(), `SELECT pg_replication_origin_progress($1, false)::text
+		WHERE pg_replication_origin_oid($1) IS NOT NULL`, origin).Scan(&progress)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0
+	}
+	require.NoError(t, err)
+	if progress == nil {
+		return 0
+	}
+	pos, err := canonical.ParsePosition(*progress)
+	require.NoError(t, err)
+	return pos
+}
+
+// faultChildCmd is the test binary run as the fault child.
+func faultChildCmd(env []string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = env
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	return cmd, &stdout, &stderr
+}
+
+// runKilledChild starts the child, SIGKILLs it after delay, and returns
+// what it reported. The child must not exit by itself.
+func runKilledChild(t *testing.T, env []string, delay time.Duration) string {
+	t.Helper()
+	cmd, stdout, stderr := faultChildCmd(env)
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Fatalf("child exited before it was killed: %v\nstdout: %s\nstderr: %s", err, stdout, stderr)
+	case <-time.After(delay):
+	}
+	require.NoError(t, cmd.Process.Kill())
+	<-exited
+	if stderr.Len() > 0 {
+		t.Logf("killed child's stderr: %s", stderr)
+	}
+	return stdout.String()
+}
+
+// runLastChild runs the child until it has applied the last source
+// transaction and returns that transaction's Position.
+func runLastChild(t *testing.T, env []string) canonical.Position {
+	t.Helper()
+	cmd, stdout, stderr := faultChildCmd(env)
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "last child\nstderr: %s", stderr)
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("the last child did not catch up within a minute\nstderr: %s", stderr)
+	}
+	_, line, ok := strings.Cut(stdout.String(), "\nend ")
+	require.True(t, ok, "no end line in %q", stdout.String())
+	pos, err := canonical.ParsePosition(strings.TrimSpace(line))
+	require.NoError(t, err)
+	return pos
+}
+
+// awaitReleased waits until the killed child's walsender has released the
+// slot and its target sessions are gone, so that the next child spends its
+// short life streaming rather than waiting (it would cope either way).
+func awaitReleased(t *testing.T, srcConn, tgtConn *pgx.Conn, slot string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var active bool
+		assert.NoError(c, srcConn.QueryRow(context.Background(),
+			"SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active))
+		assert.False(c, active, "slot active")
+		var sessions int
+		assert.NoError(c, tgtConn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'siphon'`).Scan(&sessions))
+		assert.Zero(c, sessions, "siphon sessions on the target")
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// faultWorkload commits small transactions on the source until stopped.
+type faultWorkload struct {
+	halt      chan struct{}
+	done      chan struct{}
+	err       error
+	committed int
+}
+
+func startFaultWorkload(t *testing.T, dsn string) *faultWorkload {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	w := &faultWorkload{halt: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.err = w.run(conn)
+	}()
+	t.Cleanup(func() { _ = w.stop() })
+	return w
+}
+
+// stop ends the workload after its transaction in progress and returns its
+// error. It may be called twice.
+func (w *faultWorkload) stop() error {
+	select {
+	case <-w.halt:
+	default:
+		close(w.halt)
+	}
+	<-w.done
+	return w.err
+}
+
+func (w *faultWorkload) run(conn *pgx.Conn) error {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	var (
+		seq, nextID int64
+		ids         []int64
+	)
+	// A pace the child about keeps up with: it is mostly busy applying when
+	// killed, and the last child has little to catch up.
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.halt:
+			return nil
+		case <-tick.C:
+		}
+		var sql strings.Builder
+		sql.WriteString("BEGIN;")
+		events := 1 + rng.IntN(4)
+		if rng.IntN(20) == 0 {
+			events = 50 + rng.IntN(200) // now and then a larger transaction
+		}
+		fmt.Fprintf(&sql, "INSERT INTO fault_events SELECT s, %d, md5(s::text) FROM generate_series(%d, %d) s;",
+			rng.IntN(8), seq+1, seq+int64(events))
+		seq += int64(events)
+		switch op := rng.IntN(4); {
+		case op == 0 || len(ids) < 5:
+			nextID++
+			ids = append(ids, nextID)
+			fmt.Fprintf(&sql, "INSERT INTO fault_accounts VALUES (%d, %d, 'opened');", nextID, rng.IntN(1000))
+		case op == 1:
+			i := rng.IntN(len(ids))
+			fmt.Fprintf(&sql, "DELETE FROM fault_accounts WHERE id = %d;", ids[i])
+			ids = append(ids[:i], ids[i+1:]...)
+		default:
+			a, b := ids[rng.IntN(len(ids))], ids[rng.IntN(len(ids))]
+			amount := rng.IntN(100)
+			fmt.Fprintf(&sql, "UPDATE fault_accounts SET balance = balance - %d, note = 'sent %d' WHERE id = %d;", amount, seq, a)
+			fmt.Fprintf(&sql, "UPDATE fault_accounts SET balance = balance + %d, note = 'got %d' WHERE id = %d;", amount, seq, b)
+		}
+		sql.WriteString("COMMIT")
+		if _, err := conn.Exec(context.Background(), sql.String()); err != nil {
+			return fmt.Errorf("workload: %w", err)
+		}
+		w.committed++
+	}
+}
+
+// faultChild is the fault test's child process: the change data capture
+// loop from the target's applied Position, retried while a killed
+// predecessor still holds the slot or the target's origin. It runs until
+// the transaction holding the end message is applied.
+func faultChild() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	slot, systemID := os.Getenv(faultChildSlot), os.Getenv(faultChildSystem)
+	// Acknowledge at once, so that kills land after acknowledgements too
+	// and an acknowledgement ahead of the target would show.
+	src, err := siphon.Connect(ctx, os.Getenv(faultChildSource), siphon.WithSlot(slot),
+		siphon.WithStatusInterval(time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	tgt, err := siphon.Connect(ctx, os.Getenv(faultChildTarget))
+	if err != nil {
+		return err
+	}
+	defer tgt.Close()
+	for attempt := 1; ; attempt++ {
+		end, err := captureOnce(ctx, src, tgt, systemID, slot, os.Stdout)
+		if err == nil {
+			fmt.Printf("end %v\n", end)
+			return nil
+		}
+		retry := errors.Is(err, siphon.ErrSlotInUse) || errors.Is(err, siphon.ErrApplyInProgress) ||
+			errors.Is(err, siphon.ErrStreamInterrupted)
+		if !retry || attempt == 5 {
+			return fmt.Errorf("attempt %d: %w", attempt, err)
+		}
+		fmt.Fprintf(os.Stderr, "attempt %d: %v; retrying\n", attempt, err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// captureOnce streams from the target's applied Position into
+// ConsumeCanonical through a pipe, and returns the Position of the
+// transaction holding the end message once it is applied.
+func captureOnce(ctx context.Context, src, tgt *siphon.Conn, systemID, slot string, progress io.Writer) (canonical.Position, error) {
+	from, err := tgt.AppliedPositionFor(ctx, systemID, slot)
+	if err != nil {
+		return 0, err
+	}
+	pr, pw := io.Pipe()
+	var (
+		consumeErr error
+		consumed   = make(chan struct{})
+	)
+	go func() {
+		defer close(consumed)
+		consumeErr = tgt.ConsumeCanonical(ctx, pr)
+		pr.CloseWithError(cmp.Or(consumeErr, errConsumerStopped))
+	}()
+	enc := canonical.NewEncoder(pw)
+	err = enc.WriteHeader(canonical.Header{Kind: canonical.KindChanges, Engine: canonical.EnginePostgres,
+		Start: from, SystemID: systemID, Slot: slot, Created: time.Now().UTC()})
+	if err == nil {
+		err = enc.Flush()
+	}
+	last, ending := from, false
+	streamCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	if err == nil {
+		fmt.Fprintln(progress, markStart)
+		_, err = src.StreamChanges(streamCtx, from, func(ch canonical.Change) error {
+			switch ch.Op {
+			case canonical.OpBegin:
+				fmt.Fprintln(progress, markBegin, ch.Position)
+			case canonical.OpMessage:
+				ending = ending || ch.Message.Prefix == faultEndPrefix
+			}
+			if err := enc.WriteChange(&ch); err != nil {
+				return err
+			}
+			if ch.Op != canonical.OpCommit {
+				return nil
+			}
+			// Acknowledge (return nil) only once the target holds it.
+			if err := enc.Flush(); err != nil {
+				return err
+			}
+			if err := awaitApplied(ctx, tgt, systemID, slot, ch.Position, consumed); err != nil {
+				return err
+			}
+			last = ch.Position
+			fmt.Fprintln(progress, markCommit)
+			if ending {
+				stop()
+			}
+			return nil
+		})
+	}
+	if err == nil && !ending {
+		err = context.Cause(ctx)
+	}
+	if err == nil {
+		err = enc.WriteEnd(last)
+		pw.Close()
+		<-consumed
+		return last, cmp.Or(err, consumeErr)
+	}
+	pw.CloseWithError(err)
+	<-consumed
+	return 0, errors.Join(err, consumeErr)
+}
+
+// errConsumerStopped: ConsumeCanonical returned while the stream went on.
+var errConsumerStopped = errors.New("the consumer stopped")
+
+// awaitApplied waits until the target has applied pos.
+func awaitApplied(ctx context.Context, tgt *siphon.Conn, systemID, slot string, pos canonical.Position, consumed <-chan struct{}) error {
+	deadline := time.After(30 * time.Second)
+	for {
+		applied, err := tgt.AppliedPositionFor(ctx, systemID, slot)
+		if err != nil || applied >= pos {
+			return err
+		}
+		select {
+		case <-consumed:
+			return errConsumerStopped
+		case <-deadline:
+			return fmt.Errorf("the target did not apply %v within 30 s (it stands at %v)", pos, applied)
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
