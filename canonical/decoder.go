@@ -53,6 +53,7 @@ type Decoder struct {
 	count      uint64
 	inTx       bool
 	txTime     time.Time
+	txCommit   Position // the commit LSN the open transaction's begin announced
 
 	tables map[string]map[string]*Table
 	last   *Table

@@ -28,10 +28,13 @@ func (d *Decoder) changeRecord(op Op) (Record, error) {
 			return Record{}, fmt.Errorf("%w: begin inside an open transaction", ErrOrder)
 		}
 		ch.CommitTime = f.commitTime
-		d.inTx, d.txTime = true, f.commitTime
+		d.inTx, d.txTime, d.txCommit = true, f.commitTime, f.position
 	case OpCommit:
 		if !d.inTx {
 			return Record{}, fmt.Errorf("%w: commit without begin", ErrOrder)
+		}
+		if f.position <= d.txCommit {
+			return Record{}, fmt.Errorf("%w: commit position %v is not after the commit LSN %v its begin announced", ErrInvalidRecord, f.position, d.txCommit)
 		}
 		ch.CommitTime = f.commitTime
 		d.inTx = false

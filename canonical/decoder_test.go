@@ -67,6 +67,7 @@ func TestDecoderErrors(t *testing.T) {
 		{"change in a snapshot", lines(snapshotHeaderLine, beginLine), 2, 0, ErrOrder, "a begin record in a snapshot stream"},
 		{"insert outside a transaction", lines(changesHeaderLine, tableLine, insert(`,"new":["1","x"]`)), 3, 0, ErrOrder, "insert outside a transaction"},
 		{"commit without begin", lines(changesHeaderLine, commitLine), 2, 0, ErrOrder, "commit without begin"},
+		{"commit not after its begin", lines(changesHeaderLine, beginLine, `{"t":"commit","xid":7,"position":"0/10","commit_time":"2026-11-30T05:00:00Z"}`), 3, 0, ErrInvalidRecord, "not after the commit LSN"},
 		{"nested begin", lines(changesHeaderLine, beginLine, beginLine), 3, 0, ErrOrder, "begin inside an open transaction"},
 		{"end inside a transaction", lines(changesHeaderLine, beginLine, `{"t":"end","position":"0/1","records":1}`), 3, 0, ErrOrder, "ends inside a transaction"},
 		{"insert without new", lines(changesHeaderLine, tableLine, beginLine, insert("")), 4, 0, ErrInvalidRecord, "no new values"},

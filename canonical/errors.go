@@ -19,7 +19,8 @@ var (
 	// ErrInvalidRecord means a line is well-formed JSON but not a valid
 	// record: an unknown record type, a missing or mistyped field, a bad
 	// position, a value count that does not match the table's columns, an
-	// end record whose count does not match the stream.
+	// end record whose count does not match the stream, a commit whose
+	// Position is not after the commit LSN its begin announced.
 	ErrInvalidRecord = errors.New("invalid record")
 
 	// ErrOrder means a record appears where the format does not allow it:
