@@ -212,36 +212,38 @@ func (e *OptionError) Error() string {
 	return fmt.Sprintf("siphon: %s: %s: %s", e.Option, e.Problem, e.Fix)
 }
 
+// indexColumns selects, in key order, the column names of table c's index
+// that matches the condition appended to it; primaryKeyColumns and
+// identityIndexColumns complete it.
+const indexColumns = `coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
+                 FROM pg_index i
+                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+                 WHERE i.indrelid = c.oid AND i.`
+
+const (
+	primaryKeyColumns    = indexColumns + `indisprimary), '{}')`
+	identityIndexColumns = indexColumns + `indisreplident), '{}')`
+)
+
 // inspectQuery lists user tables (ordinary and partitioned) with their
 // columns, keys and replica identity. Generated columns are left out: they
 // are neither published nor insertable, the target computes them.
 const inspectQuery = `
 SELECT n.nspname, c.relname, c.relkind = 'p', c.relreplident,
        pn.nspname, pc.relname,
-       coalesce((SELECT array_agg(a.attname ORDER BY a.attnum)
-                 FROM pg_attribute a
-                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
-       coalesce((SELECT array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum)
-                 FROM pg_attribute a
-                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
-       coalesce((SELECT array_agg(a.atttypid::int8 ORDER BY a.attnum)
-                 FROM pg_attribute a
-                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
-       coalesce((SELECT array_agg(NOT a.attnotnull ORDER BY a.attnum)
-                 FROM pg_attribute a
-                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
-       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i
-                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-                 WHERE i.indrelid = c.oid AND i.indisprimary), '{}'),
-       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i
-                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-                 WHERE i.indrelid = c.oid AND i.indisreplident), '{}')
+       cols.names, cols.types, cols.oids, cols.nullable,
+       ` + primaryKeyColumns + `,
+       ` + identityIndexColumns + `
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL (
+  SELECT coalesce(array_agg(a.attname ORDER BY a.attnum), '{}') AS names,
+         coalesce(array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum), '{}') AS types,
+         coalesce(array_agg(a.atttypid::int8 ORDER BY a.attnum), '{}') AS oids,
+         coalesce(array_agg(NOT a.attnotnull ORDER BY a.attnum), '{}') AS nullable
+  FROM pg_attribute a
+  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '') cols
 LEFT JOIN pg_inherits inh ON c.relispartition AND inh.inhrelid = c.oid
 LEFT JOIN pg_class pc ON pc.oid = inh.inhparent
 LEFT JOIN pg_namespace pn ON pn.oid = pc.relnamespace

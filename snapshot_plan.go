@@ -73,11 +73,7 @@ SELECT c.oid, n.nspname, c.relname, c.relkind = 'p', c.relfilenode::int8,
        c.reltoastrelid = 0 OR coalesce(pg_relation_size(nullif(c.reltoastrelid, 0)), 0) = 0,
        greatest(c.reltuples, 0)::int8, coalesce(pg_relation_size(c.oid), 0),
        cols.attnums, cols.names, cols.types, cols.bases, cols.outputs,
-       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i
-                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-                 WHERE i.indrelid = c.oid AND i.indisprimary), '{}')
+       ` + primaryKeyColumns + `
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL (
