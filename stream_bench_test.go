@@ -206,50 +206,25 @@ func (s *benchSource) serverDecode(b *testing.B, slot string) time.Duration {
 func BenchmarkStreamChanges(b *testing.B) {
 	rows := envInt(b, "SIPHON_BENCH_ROWS", 100_000)
 	src := newBenchSource(b, rows, envInt(b, "SIPHON_BENCH_TX_ROWS", 100))
-	report := func(b *testing.B, total time.Duration) {
-		b.ReportMetric(float64(rows)*float64(b.N)/total.Seconds(), "rows/s")
-		b.ReportMetric(0, "ns/op")
+	// each runs one tool per iteration on a fresh copy of the slot and
+	// reports its rows/s.
+	each := func(run func(b *testing.B, slot string) time.Duration) func(b *testing.B) {
+		return func(b *testing.B) {
+			var total time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				slot := src.copySlot(b)
+				b.StartTimer()
+				total += run(b, slot)
+			}
+			b.ReportMetric(float64(rows)*float64(b.N)/total.Seconds(), "rows/s")
+			b.ReportMetric(0, "ns/op")
+		}
 	}
-	b.Run("siphon", func(b *testing.B) {
-		var total time.Duration
-		for b.Loop() {
-			b.StopTimer()
-			slot := src.copySlot(b)
-			b.StartTimer()
-			total += src.siphon(b, slot)
-		}
-		report(b, total)
-	})
-	b.Run("pg_recvlogical", func(b *testing.B) {
-		var total time.Duration
-		for b.Loop() {
-			b.StopTimer()
-			slot := src.copySlot(b)
-			b.StartTimer()
-			total += src.recvlogical(b, slot, false)
-		}
-		report(b, total)
-	})
-	b.Run("pg_recvlogical_binary", func(b *testing.B) {
-		var total time.Duration
-		for b.Loop() {
-			b.StopTimer()
-			slot := src.copySlot(b)
-			b.StartTimer()
-			total += src.recvlogical(b, slot, true)
-		}
-		report(b, total)
-	})
-	b.Run("server_decode", func(b *testing.B) {
-		var total time.Duration
-		for b.Loop() {
-			b.StopTimer()
-			slot := src.copySlot(b)
-			b.StartTimer()
-			total += src.serverDecode(b, slot)
-		}
-		report(b, total)
-	})
+	b.Run("siphon", each(src.siphon))
+	b.Run("pg_recvlogical", each(func(b *testing.B, slot string) time.Duration { return src.recvlogical(b, slot, false) }))
+	b.Run("pg_recvlogical_binary", each(func(b *testing.B, slot string) time.Duration { return src.recvlogical(b, slot, true) }))
+	b.Run("server_decode", each(src.serverDecode))
 	// Both on each iteration, in alternating order: the median of the
 	// per-iteration ratios holds on a noisy machine.
 	b.Run("ratio", func(b *testing.B) {
