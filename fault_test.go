@@ -22,8 +22,8 @@ import (
 	"github.com/siphondb/siphon/canonical"
 )
 
-// The environment of the fault child (TestMain runs faultChild when
-// faultChildSource is set).
+// The environment of the fault child, the test binary in child mode
+// "cdc-loop".
 const (
 	faultChildSource = "SIPHON_FAULT_CHILD_SOURCE"
 	faultChildTarget = "SIPHON_FAULT_CHILD_TARGET"
@@ -86,8 +86,8 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	src.Close()
 	require.NoError(t, err)
 
-	env := append(os.Environ(), faultChildSource+"="+srcDSN, faultChildTarget+"="+tgtDSN,
-		faultChildSlot+"="+slot, faultChildSystem+"="+systemID)
+	env := []string{faultChildSource + "=" + srcDSN, faultChildTarget + "=" + tgtDSN,
+		faultChildSlot + "=" + slot, faultChildSystem + "=" + systemID}
 	began := time.Now()
 	load := startFaultWorkload(t, srcDSN)
 
@@ -207,10 +207,11 @@ func originProgress(t *testing.T, tgtConn *pgx.Conn, origin string) canonical.Po
 	return pos
 }
 
+func init() { childModes["cdc-loop"] = faultChild }
+
 // faultChildCmd is the test binary run as the fault child.
 func faultChildCmd(env []string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = env
+	cmd := childCmd("cdc-loop", env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	return cmd, &stdout, &stderr

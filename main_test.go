@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -12,22 +13,37 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
+// childModeEnv names the environment variable that makes the test binary
+// run one of childModes instead of the tests.
+const childModeEnv = "SIPHON_TEST_CHILD"
+
+// childModes are the programs the test binary runs as a child process of a
+// test (a process to SIGKILL, or to measure alone), by the value of
+// childModeEnv. Each test file registers its own in an init function.
+var childModes = map[string]func() error{}
+
 func TestMain(m *testing.M) {
-	if os.Getenv(faultChildSource) != "" {
-		if err := faultChild(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+	if mode := os.Getenv(childModeEnv); mode != "" {
+		run, ok := childModes[mode]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "no child mode %q\n", mode)
+			os.Exit(2)
 		}
-		os.Exit(0)
-	}
-	if os.Getenv("SIPHON_RSS_CHILD_DSN") != "" {
-		if err := rssChild(); err != nil {
+		if err := run(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 		os.Exit(0)
 	}
 	siphontest.Main(m)
+}
+
+// childCmd returns the test binary set up to run the child mode named
+// mode, with env added to this process's environment.
+func childCmd(mode string, env ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), childModeEnv+"="+mode), env...)
+	return cmd
 }
 
 // newDatabase returns a fresh database's DSN and an admin session on it,

@@ -278,8 +278,7 @@ func BenchmarkStreamHugeTransactionRSS(b *testing.B) {
 		b.StopTimer()
 		slot := src.copySlot(b)
 		b.StartTimer()
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), "SIPHON_RSS_CHILD_DSN="+src.dsn, "SIPHON_RSS_CHILD_SLOT="+slot,
+		cmd := childCmd("huge-transaction-rss", "SIPHON_RSS_CHILD_DSN="+src.dsn, "SIPHON_RSS_CHILD_SLOT="+slot,
 			"SIPHON_RSS_CHILD_ROWS="+strconv.Itoa(rows))
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -301,8 +300,9 @@ func BenchmarkStreamHugeTransactionRSS(b *testing.B) {
 	}
 }
 
-// rssChild is BenchmarkStreamHugeTransactionRSS's child process (TestMain
-// runs it when SIPHON_RSS_CHILD_DSN is set): it streams the huge transaction
+func init() { childModes["huge-transaction-rss"] = rssChild }
+
+// rssChild is BenchmarkStreamHugeTransactionRSS's child process: it streams the huge transaction
 // and prints its own peak RSS.
 func rssChild() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
