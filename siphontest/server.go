@@ -101,19 +101,6 @@ func failOrSkip(tb testing.TB, err error) {
 	tb.Fatal(err)
 }
 
-// Main runs the tests of m, stops the shared server, and exits with the
-// tests' exit code. Use it from TestMain when the server must be gone before
-// the test binary exits; without it the reaper stops the server right after.
-func Main(m *testing.M) {
-	code := m.Run()
-	if shared.server != nil {
-		if err := shared.server.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-	}
-	os.Exit(code)
-}
-
 // Launch starts a server (or connects to the one SIPHON_TEST_DSN names) and
 // waits until it accepts connections. The caller must Close it. It returns an
 // error wrapping [ErrNoServer] when there is no way to get one.
