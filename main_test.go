@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	siphontest.Main(m)
+	siphontest.Main(m, siphontest.CheckLeaks())
 }
 
 // childCmd returns the test binary set up to run the child mode named

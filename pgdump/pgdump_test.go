@@ -22,7 +22,7 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
-func TestMain(m *testing.M) { siphontest.Main(m) }
+func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
 
 // database returns a fresh database as a pgdump.Conn and an admin session.
 func database(t *testing.T) (pgdump.Conn, *pgx.Conn) {

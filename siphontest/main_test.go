@@ -6,4 +6,4 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
-func TestMain(m *testing.M) { siphontest.Main(m) }
+func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
