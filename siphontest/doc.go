@@ -37,6 +37,12 @@
 //
 //	func TestMain(m *testing.M) { siphontest.Main(m) }
 //
+// A test that needs a server of its own (server-wide settings, physical
+// slots) asks for one with [WithPrivateServer]. Such a server can be
+// restarted ([Server.Restart], a fast shutdown as pg_ctl restart -m fast)
+// to test how code copes with a server going away, and can accept SSL
+// ([WithTLS]).
+//
 // [Launch] starts a server outside tests (the examples use it to run on an
 // embedded throwaway PostgreSQL); its caller closes it.
 package siphontest

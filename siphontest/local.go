@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -89,43 +90,79 @@ func launchLocal(ctx context.Context, bin serverBinaries, cfg config) (srv *Serv
 	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hbaConf), 0o600); err != nil {
 		return nil, fmt.Errorf("siphontest: %w", err)
 	}
+	var certFile string
+	if cfg.tls {
+		var keyFile string
+		if certFile, keyFile, err = writeCertificate(dir, cred); err != nil {
+			return nil, err
+		}
+		cfg.settings["ssl"] = "on"
+		cfg.settings["ssl_cert_file"] = certFile
+		cfg.settings["ssl_key_file"] = keyFile
+	}
 
 	for attempt := 0; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
-		srv, err := startPostgres(ctx, bin, cfg, dir, data, port, cred, reaper)
-		if err == nil || attempt == 2 || ctx.Err() != nil {
-			return srv, err
+		l := &localServer{bin: bin, cfg: cfg, dir: dir, data: data, port: port, cred: cred, reaper: reaper}
+		err = l.start(ctx)
+		if err == nil {
+			return &Server{dsn: l.dsn(), source: "local", stop: l.close, restart: l.restart, certFile: certFile}, nil
+		}
+		if attempt == 2 || ctx.Err() != nil {
+			return nil, err
 		}
 	}
 }
 
-// startPostgres starts the postmaster on port and waits until it is ready.
-func startPostgres(ctx context.Context, bin serverBinaries, cfg config, dir, data string, port int,
-	cred *syscall.Credential, reaper *reaper) (*Server, error) {
-	logPath := filepath.Join(dir, fmt.Sprintf("postgres-%d.log", port))
-	logFile, err := os.Create(logPath)
+// localServer is a postgres that siphontest runs from local binaries:
+// what it takes to start it (again) and its running postmaster.
+type localServer struct {
+	bin    serverBinaries
+	cfg    config
+	dir    string // the server's own directory: data, sockets, logs
+	data   string
+	port   int
+	cred   *syscall.Credential
+	reaper *reaper
+
+	mu     sync.Mutex
+	pid    int        // the running postmaster, 0 when none
+	exited chan error // delivers the running postmaster's Wait result
+	closed bool
+}
+
+func (l *localServer) dsn() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", l.port)
+}
+
+// start starts the postmaster, has the reaper watch it, and waits until it
+// is ready. On failure nothing is left running.
+func (l *localServer) start(ctx context.Context) error {
+	logPath := filepath.Join(l.dir, fmt.Sprintf("postgres-%d.log", l.port))
+	// Appended to: a restarted server's log follows the previous run's.
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("siphontest: %w", err)
+		return fmt.Errorf("siphontest: %w", err)
 	}
 	defer logFile.Close()
-	args := []string{"-D", data, "-p", strconv.Itoa(port), "-k", dir}
-	for _, setting := range cfg.sortedSettings() {
+	args := []string{"-D", l.data, "-p", strconv.Itoa(l.port), "-k", l.dir}
+	for _, setting := range l.cfg.sortedSettings() {
 		args = append(args, "-c", setting)
 	}
-	cmd := exec.Command(bin.postgres, args...)
-	cmd.Dir = dir
+	cmd := exec.Command(l.bin.postgres, args...)
+	cmd.Dir = l.dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: l.cred, Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("siphontest: start postgres: %w", err)
+		return fmt.Errorf("siphontest: start postgres: %w", err)
 	}
-	if err := reaper.watch(cmd.Process.Pid); err != nil {
+	if err := l.reaper.watch(cmd.Process.Pid); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
-		return nil, err
+		return err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -139,14 +176,52 @@ func startPostgres(ctx context.Context, bin serverBinaries, cfg config, dir, dat
 			return nil
 		}
 	}
-	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-	if err := waitReady(ctx, dsn, exitErr); err != nil {
-		reaper.unwatch(cmd.Process.Pid, exited)
-		return nil, fmt.Errorf("siphontest: %w", err)
+	if err := waitReady(ctx, l.dsn(), exitErr); err != nil {
+		l.reaper.unwatch(cmd.Process.Pid, exited)
+		return fmt.Errorf("siphontest: %w", err)
 	}
-	return &Server{dsn: dsn, source: "local", stop: func() error {
-		return reaper.stopAndWait(exited)
-	}}, nil
+	l.pid, l.exited = cmd.Process.Pid, exited
+	return nil
+}
+
+// restart stops the postmaster with a fast shutdown (SIGINT), as pg_ctl
+// restart -m fast does, and starts it again on the same port.
+func (l *localServer) restart(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return errors.New("siphontest: restart: the server is closed")
+	}
+	if l.pid != 0 {
+		if err := syscall.Kill(l.pid, syscall.SIGINT); err != nil {
+			return fmt.Errorf("siphontest: restart: fast shutdown: %w", err)
+		}
+		select {
+		case <-l.exited:
+		case <-ctx.Done():
+			return fmt.Errorf("siphontest: restart: waiting for the fast shutdown: %w", ctx.Err())
+		}
+		if err := l.reaper.forget(l.pid); err != nil {
+			return err
+		}
+		l.pid, l.exited = 0, nil
+	}
+	if err := l.start(ctx); err != nil {
+		return fmt.Errorf("siphontest: restart on port %d: %w", l.port, err)
+	}
+	return nil
+}
+
+// close has the reaper stop the server and remove its directory.
+func (l *localServer) close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if l.exited == nil { // a failed restart left nothing running
+		l.reaper.stop()
+		return nil
+	}
+	return l.reaper.stopAndWait(l.exited)
 }
 
 // serverCredential returns the unprivileged user to run the server as when

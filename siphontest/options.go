@@ -10,6 +10,7 @@ type Option func(*config)
 
 type config struct {
 	private      bool
+	tls          bool
 	settings     map[string]string
 	startTimeout time.Duration
 }
@@ -47,6 +48,16 @@ func WithPrivateServer() Option { return func(c *config) { c.private = true } }
 func WithSetting(name, value string) Option {
 	return func(c *config) { c.settings[name] = value }
 }
+
+// WithTLS makes a server that siphontest starts from local binaries accept
+// SSL connections (ssl=on), with a self-signed ECDSA certificate for
+// 127.0.0.1 and localhost made for it ([Server.CertFile]). The server
+// accepts connections with and without SSL, so the DSN's sslmode decides;
+// [Server.DSN] says sslmode=disable: change it to require (or to
+// verify-full, with sslrootcert). Combine it with [WithPrivateServer] in
+// tests. A server from SIPHON_TEST_DSN or Docker is used as it is; check
+// SHOW ssl. Defaults to off: the server refuses SSL.
+func WithTLS() Option { return func(c *config) { c.tls = true } }
 
 // WithStartTimeout bounds how long starting a server may take. Defaults to
 // 2 minutes.

@@ -66,11 +66,21 @@ func (r *reaper) watch(pid int) error {
 	return nil
 }
 
+// forget stops watching pid, a server process that has exited and been
+// waited for: its pid may be reused by another process, which the reaper
+// must not signal.
+func (r *reaper) forget(pid int) error {
+	if _, err := fmt.Fprintf(r.pipe, "-%d\n", pid); err != nil {
+		return fmt.Errorf("siphontest: reaper: %w", err)
+	}
+	return nil
+}
+
 // unwatch stops a server that failed to become ready and forgets it.
 func (r *reaper) unwatch(pid int, exited chan error) {
 	syscall.Kill(-pid, syscall.SIGKILL)
 	<-exited
-	fmt.Fprintf(r.pipe, "-%d\n", pid)
+	r.forget(pid)
 }
 
 // stopAndWait closes the pipe so the reaper stops the server, reaps the

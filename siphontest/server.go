@@ -30,6 +30,10 @@ type Server struct {
 	dsn    string // a superuser DSN to the maintenance database
 	source string
 	stop   func() error
+	// restart is set for a server siphontest runs itself.
+	restart  func(context.Context) error
+	shared   bool   // the test binary's shared server (Start without WithPrivateServer)
+	certFile string // the server's certificate, with WithTLS
 
 	closeOnce sync.Once
 	closeErr  error
@@ -54,6 +58,33 @@ func (s *Server) Close() error {
 	})
 	return s.closeErr
 }
+
+// Restart stops the server with a fast shutdown, as pg_ctl restart -m fast
+// does (sessions are ended, what was committed is kept and walsenders send
+// it before they exit), then starts it again with the same data, settings
+// and port, and returns once it accepts connections. DSNs stay valid;
+// sessions opened before the restart are broken and must reconnect. Close
+// still stops the restarted server and removes its files.
+//
+// Restart is for a server of the calling test alone, from
+// [WithPrivateServer] or [Launch]: the shared server of [Start] serves
+// every test of the binary, running in parallel, so Restart refuses it, as
+// it refuses a server siphontest did not start itself (SIPHON_TEST_DSN,
+// Docker, [Attach]).
+func (s *Server) Restart(ctx context.Context) error {
+	switch {
+	case s.shared:
+		return errors.New("siphontest: restart: the shared server serves every test of the binary: start a server of your own with WithPrivateServer")
+	case s.restart == nil:
+		return fmt.Errorf("siphontest: restart: the server comes from %q: siphontest restarts only the servers it starts from local binaries", s.source)
+	}
+	return s.restart(ctx)
+}
+
+// CertFile returns the path of the server's self-signed certificate when it
+// runs with [WithTLS], and "" otherwise. Give it as sslrootcert, with
+// sslmode verify-ca or verify-full, to have clients check the server.
+func (s *Server) CertFile() string { return s.certFile }
 
 var shared struct {
 	once   sync.Once
@@ -86,6 +117,9 @@ func Start(tb testing.TB, opts ...Option) *Server {
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.startTimeout)
 		defer cancel()
 		shared.server, shared.err = Launch(ctx, opts...)
+		if shared.err == nil {
+			shared.server.shared = true
+		}
 	})
 	if shared.err != nil {
 		failOrSkip(tb, shared.err)

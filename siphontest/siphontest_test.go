@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -139,6 +140,118 @@ func TestLaunchAndClose(t *testing.T) {
 	require.NoError(t, srv.Close(), "Close twice is fine")
 	assert.NoDirExists(t, dir)
 	assert.False(t, postgresRunningIn(dir))
+}
+
+// TestRestartKeepsDataAndDSN restarts a launched server twice: what was
+// committed survives, the DSN works again, sessions from before are
+// broken, and Close still leaves no process and no directory.
+func TestRestartKeepsDataAndDSN(t *testing.T) {
+	if os.Getenv(siphontest.EnvDSN) != "" {
+		t.Skip("Restart needs a server siphontest starts itself")
+	}
+	t.Parallel()
+	siphontest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := siphontest.Launch(ctx)
+	require.NoError(t, err)
+	defer srv.Close()
+	conn, err := pgx.Connect(ctx, srv.DSN())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var dir string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting('data_directory')").Scan(&dir))
+	_, err = conn.Exec(ctx, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)")
+	require.NoError(t, err)
+
+	for round := 1; round <= 2; round++ {
+		var startedBefore time.Time
+		require.NoError(t, conn.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&startedBefore))
+		began := time.Now()
+		require.NoError(t, srv.Restart(ctx))
+		t.Logf("restart %d: %v", round, time.Since(began).Round(time.Millisecond))
+		assert.Error(t, conn.Ping(ctx), "a session from before the restart is broken")
+		conn.Close(ctx)
+
+		conn, err = pgx.Connect(ctx, srv.DSN())
+		require.NoError(t, err, "the DSN works after the restart")
+		var startedAfter time.Time
+		var rows int
+		require.NoError(t, conn.QueryRow(ctx, "SELECT pg_postmaster_start_time(), (SELECT count(*) FROM kept)").Scan(&startedAfter, &rows))
+		assert.True(t, startedAfter.After(startedBefore), "a new postmaster")
+		assert.Equal(t, round, rows, "committed rows survive the restart")
+		_, err = conn.Exec(ctx, "INSERT INTO kept VALUES ($1)", round+1)
+		require.NoError(t, err)
+	}
+	conn.Close(ctx)
+
+	require.NoError(t, srv.Close())
+	assert.NoDirExists(t, dir)
+	assert.False(t, postgresRunningIn(dir), "no postgres process left for %s", dir)
+	assert.Error(t, srv.Restart(ctx), "a closed server cannot be restarted")
+}
+
+func TestRestartRefusesServersNotItsOwn(t *testing.T) {
+	t.Parallel()
+	shared := siphontest.Start(t)
+	err := shared.Restart(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "WithPrivateServer", "the error says what to do")
+
+	attached, err := siphontest.Attach(context.Background(), shared.DSN())
+	require.NoError(t, err)
+	defer attached.Close()
+	err = attached.Restart(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `"attached"`)
+	var one int
+	require.NoError(t, pgxQuery(shared.DSN(), "SELECT 1", &one), "the server still runs")
+}
+
+// TestTLSServerAcceptsBothAndIsVerifiable checks that a WithTLS server
+// lets the client choose SSL or not, that its certificate verifies for
+// 127.0.0.1, and that its key is private to the server's user.
+func TestTLSServerAcceptsBothAndIsVerifiable(t *testing.T) {
+	if os.Getenv(siphontest.EnvDSN) != "" {
+		t.Skip("WithTLS applies to servers siphontest starts itself")
+	}
+	t.Parallel()
+	srv := siphontest.Start(t, siphontest.WithPrivateServer(), siphontest.WithTLS())
+	if srv.Source() != "local" {
+		t.Skipf("WithTLS applies to local servers, not %s", srv.Source())
+	}
+	require.FileExists(t, srv.CertFile())
+	for sslmode, want := range map[string]bool{
+		"disable": false,
+		"require": true,
+		"verify-full&sslrootcert=" + srv.CertFile(): true,
+	} {
+		dsn := strings.Replace(srv.DSN(), "sslmode=disable", "sslmode="+sslmode, 1)
+		var ssl bool
+		require.NoError(t, pgxQuery(dsn, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &ssl), sslmode)
+		assert.Equal(t, want, ssl, "sslmode=%s", sslmode)
+	}
+
+	var keyFile string
+	require.NoError(t, pgxQuery(srv.DSN(), "SELECT current_setting('ssl_key_file')", &keyFile))
+	fi, err := os.Stat(keyFile)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "key readable by its owner only")
+	serverDir, err := os.Stat(filepath.Dir(keyFile))
+	require.NoError(t, err)
+	assert.Equal(t, serverDir.Sys().(*syscall.Stat_t).Uid, fi.Sys().(*syscall.Stat_t).Uid, "key owned by the server's user")
+}
+
+// pgxQuery scans a one-value query's result, in a session of its own.
+func pgxQuery(dsn, query string, v any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.QueryRow(ctx, query).Scan(v)
 }
 
 func BenchmarkNewDatabase(b *testing.B) {
