@@ -13,6 +13,8 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
+func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
+
 // TestBackupChain runs the demo as `go run ./examples/backup-chain` does, on
 // an embedded throwaway PostgreSQL (SIPHON_DSN unset).
 func TestBackupChain(t *testing.T) {

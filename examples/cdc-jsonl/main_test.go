@@ -11,6 +11,8 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
+func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
+
 // TestDemo runs `go run ./examples/cdc-jsonl` as a newcomer does.
 func TestDemo(t *testing.T) {
 	siphontest.Start(t) // skips or fails like the other tests when no server can be had

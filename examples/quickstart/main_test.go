@@ -13,6 +13,8 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
+func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
+
 // TestQuickstart runs the tour as `go run ./examples/quickstart` does, on an
 // embedded throwaway PostgreSQL (SIPHON_DSN unset).
 func TestQuickstart(t *testing.T) {

@@ -14,6 +14,11 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
+// TestMain stops the shared throwaway server when the tests end, and with
+// CheckLeaks fails the run if a test left a goroutine running (a stream
+// never cancelled, a connection never closed) or a child process behind.
+func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
+
 // TestRevenueFromRecordedStream needs no server: it replays a stream that
 // was recorded once (go run . -record testdata/orders.jsonl) into the
 // handler. Fast and deterministic, so it can cover every edge you record.
