@@ -61,3 +61,22 @@ func leftovers(ctx context.Context, conn *pgx.Conn, keepSlots []string) ([]strin
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
+
+// checkNothingLeftRunning is assertNoLeaks for the end of any test that
+// used the database dsn: the slots the test made on purpose may remain
+// (the database's drop removes them), but no snapshot slot ("siphon_snap_"
+// prefix: they must die with their snapshot), walsender, advisory lock or
+// siphon session.
+func checkNothingLeftRunning(t testing.TB, dsn string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	rows, err := conn.Query(ctx, `SELECT slot_name FROM pg_replication_slots
+		WHERE database = current_database() AND NOT starts_with(slot_name, 'siphon_snap_')`)
+	require.NoError(t, err)
+	kept, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	conn.Close(ctx)
+	require.NoError(t, err)
+	assertNoLeaks(t, dsn, kept...)
+}

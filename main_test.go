@@ -47,10 +47,13 @@ func childCmd(mode string, env ...string) *exec.Cmd {
 }
 
 // newDatabase returns a fresh database's DSN and an admin session on it,
-// closed when the test ends.
+// closed when the test ends. When the test and its own cleanups are done,
+// and before the database is dropped, it checks that siphon left nothing
+// running there (see checkNothingLeftRunning).
 func newDatabase(t *testing.T) (string, *pgx.Conn) {
 	t.Helper()
 	dsn := siphontest.Start(t).NewDatabase(t)
+	t.Cleanup(func() { checkNothingLeftRunning(t, dsn) })
 	conn, err := pgx.Connect(context.Background(), dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
