@@ -77,7 +77,10 @@ type BackupOptions struct {
 	// than the server.
 	PgDump string
 	// TempDir holds the password file given to pg_dump and, with Jobs,
-	// the directory-format dump. Defaults to [os.TempDir].
+	// the directory-format dump. Both are removed before Backup returns;
+	// those of a Backup whose process was killed are removed by the next
+	// Backup with the same TempDir (the password file by any Backup, the
+	// directory by one with Jobs). Defaults to [os.TempDir].
 	TempDir string
 }
 
@@ -420,13 +423,14 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 // dumpParallel runs pg_dump in the directory format with parallel jobs
 // into a temporary directory, then streams it into w as a tar: toc.dat
 // first, then the other files in name order. The directory is removed
-// whatever happens.
+// whatever happens; if this process is killed first, the next parallel
+// backup with the same TempDir removes it (see [pgdump.MkdirTemp]).
 func dumpParallel(ctx context.Context, opts pgdump.DumpOptions, tempDir string, w io.Writer) error {
-	dir, err := os.MkdirTemp(tempDir, "siphon-backup-*")
+	dir, remove, err := pgdump.MkdirTemp(tempDir, "siphon-backup-*")
 	if err != nil {
 		return fmt.Errorf("make a directory for the parallel dump: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	defer remove()
 	if err := pgdump.DumpDirectory(ctx, opts, dir); err != nil {
 		return err
 	}

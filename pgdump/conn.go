@@ -192,25 +192,36 @@ func isConnVariable(name string) bool {
 
 // writePassfile writes a password file (pgpass format, matching any host,
 // port, database and user) readable by the owner only, in dir, and returns
-// its path. The caller removes it.
-func writePassfile(dir, password string) (string, error) {
-	f, err := os.CreateTemp(dir, "siphon-pgpass-*")
+// its path and the function that removes it. The file is held (see
+// holdTemp): if this process dies first, the next password file written in
+// dir removes it.
+func writePassfile(dir, password string) (string, func(), error) {
+	path, held, err := holdTemp(dir, "siphon-pgpass-*", func(dir, pattern string) (string, error) {
+		f, err := os.CreateTemp(dir, pattern)
+		if err != nil {
+			return "", err
+		}
+		// CreateTemp makes the file 0600 already; say it for libpq, which
+		// ignores a password file others can read.
+		err = f.Chmod(0o600)
+		if err == nil {
+			escaped := strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace(password)
+			_, err = f.WriteString("*:*:*:*:" + escaped + "\n")
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(f.Name())
+			return "", err
+		}
+		return f.Name(), nil
+	})
 	if err != nil {
-		return "", fmt.Errorf("write password file: %w", err)
+		return "", nil, fmt.Errorf("write password file: %w", err)
 	}
-	// CreateTemp makes the file 0600 already; say it for libpq, which
-	// ignores a password file others can read.
-	err = f.Chmod(0o600)
-	if err == nil {
-		escaped := strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace(password)
-		_, err = f.WriteString("*:*:*:*:" + escaped + "\n")
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return "", fmt.Errorf("write password file: %w", err)
-	}
-	return f.Name(), nil
+	return path, func() {
+		os.Remove(path)
+		held.Close()
+	}, nil
 }

@@ -27,7 +27,9 @@ type ExecOptions struct {
 	// after WaitDelay. Defaults to 5s.
 	WaitDelay time.Duration
 	// TempDir is where the password file is written (mode 0600, removed
-	// when the program exits). Defaults to [os.TempDir].
+	// when the program exits; one left by a process that was killed is
+	// removed by the next program run with the same TempDir). Defaults to
+	// [os.TempDir].
 	TempDir string
 }
 
@@ -154,12 +156,12 @@ func (c command) setEnv(cmd *exec.Cmd) (cleanup func(), err error) {
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	path, err := writePassfile(dir, pw)
+	path, remove, err := writePassfile(dir, pw)
 	if err != nil {
 		return nil, fmt.Errorf("pgdump: %s: %w", c.program.Name, err)
 	}
 	cmd.Env = c.conn.environ(path)
-	return func() { os.Remove(path) }, nil
+	return remove, nil
 }
 
 func (c command) waitDelay() time.Duration {

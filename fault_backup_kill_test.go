@@ -1,0 +1,359 @@
+package siphon_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/siphontest"
+)
+
+// The environment of the backup child, the test binary in child mode
+// "backup-kill".
+const (
+	backupChildDSN  = "SIPHON_BACKUP_CHILD_DSN"
+	backupChildSlot = "SIPHON_BACKUP_CHILD_SLOT"
+	backupChildOut  = "SIPHON_BACKUP_CHILD_OUT"  // the file the backup goes to
+	backupChildTemp = "SIPHON_BACKUP_CHILD_TEMP" // BackupOptions.TempDir
+	backupChildJobs = "SIPHON_BACKUP_CHILD_JOBS"
+	backupChildBase = "SIPHON_BACKUP_CHILD_BASE" // "1": BaseSlot
+)
+
+// backupKillMode is one way to run the killed backup.
+type backupKillMode struct {
+	name     string
+	jobs     int
+	baseSlot bool
+}
+
+func (m backupKillMode) options(tempDir string) siphon.BackupOptions {
+	return siphon.BackupOptions{Jobs: m.jobs, BaseSlot: m.baseSlot, TempDir: tempDir}
+}
+
+var backupKillModes = []backupKillMode{
+	{name: "custom format"},
+	{name: "2 parallel jobs", jobs: 2},
+	{name: "custom format with a base slot", baseSlot: true},
+	{name: "2 parallel jobs with a base slot", jobs: 2, baseSlot: true},
+}
+
+// TestKillBackupMidDumpLeavesNothing runs Backup in a child process and
+// SIGKILLs it at a random moment while pg_dump runs, N times
+// (SIPHON_BACKUP_KILL_ROUNDS, default 5), in the custom format and with
+// parallel jobs (a directory-format dump in a temporary directory), with and
+// without a base slot. The role has a password, so pg_dump gets a password
+// file. After each kill: no pg_dump process is left (pg_dump dies with its
+// parent; parallel workers once their table is written), no session, slot,
+// walsender or lock on the source, the cut output fails Verify, and the next
+// Backup in the same TempDir succeeds, passes Verify, and leaves the
+// TempDir empty, the files of the killed run included. A killed backup with
+// a base slot leaves that physical slot inactive, and SweepOrphanSlots drops
+// it, as documented. The last backups of each kind restore to the source's
+// data. The test runs on a private server: base slots are server-wide, and
+// SweepOrphanSlots would drop those of other tests.
+func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rounds := envInt(t, "SIPHON_BACKUP_KILL_ROUNDS", 5)
+	srv := siphontest.Start(t, siphontest.WithPrivateServer())
+	adminDSN := srv.NewDatabase(t)
+	admin, err := pgx.Connect(ctx, adminDSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	execSQL(t, admin,
+		`CREATE ROLE kb_dumper LOGIN SUPERUSER PASSWORD 'kb secret: 7'`,
+		`CREATE TABLE kb_a (id int8 PRIMARY KEY, body text, n int)`,
+		`CREATE TABLE kb_b (id int8 PRIMARY KEY, body text, n int)`,
+		`INSERT INTO kb_a SELECT i, md5(i::text) || md5((i + 1)::text), i % 97 FROM generate_series(1, 150000) i`,
+		`INSERT INTO kb_b SELECT i, md5(i::text), i % 89 FROM generate_series(1, 150000) i`)
+	u, err := url.Parse(adminDSN)
+	require.NoError(t, err)
+	u.User = url.UserPassword("kb_dumper", "kb secret: 7")
+	dsn := u.String()
+	database := strings.TrimPrefix(u.Path, "/")
+
+	// The test's own sessions are closed while a child runs, so that
+	// whatever siphon session is left on the source is the child's.
+	c, slot := backupConn(t, dsn)
+	connect := func() *siphon.Conn {
+		c, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot), siphon.WithPublication(slot))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	temp, out := t.TempDir(), t.TempDir()
+	// A first backup in this process: it is how long a dump takes, and
+	// shows the TempDir clean after a backup that ran to its end.
+	durations := map[string]time.Duration{}
+	for _, m := range backupKillModes[:2] {
+		began := time.Now()
+		var buf bytes.Buffer
+		require.NoError(t, c.Backup(ctx, m.options(temp), &buf), m.name)
+		durations[m.name] = time.Since(began)
+		assertDirEmpty(t, temp, "after a backup")
+	}
+	require.NoError(t, c.Close())
+	t.Logf("a backup takes %v in the custom format, %v with 2 jobs", durations["custom format"], durations["2 parallel jobs"])
+
+	env := []string{backupChildDSN + "=" + dsn, backupChildSlot + "=" + slot,
+		backupChildOut + "=" + filepath.Join(out, "cut.siphon"), backupChildTemp + "=" + temp}
+	latest := map[string][]byte{}
+	for i := range rounds {
+		m := backupKillModes[i%len(backupKillModes)]
+		dur := durations[backupKillModes[i%2].name]
+		r := killBackupChild(t, append(env, backupChildJobs+"="+strconv.Itoa(m.jobs), backupChildBase+"="+strconv.FormatBool(m.baseSlot)),
+			database, rand.N(dur*6/10))
+		awaitNoLeftovers(t, admin, slot)
+		left := dirNames(t, temp)
+
+		c := connect()
+		rep, err := c.Verify(ctx, bytes.NewReader(r.output))
+		if err == nil {
+			assert.False(t, rep.OK, "Verify refuses a backup cut by a kill")
+		}
+		bases := physicalSlots(t, admin)
+		if m.baseSlot {
+			require.Len(t, bases, 1, "the killed backup's base slot is left, inactive")
+			assert.False(t, bases[0].active)
+			n, err := c.SweepOrphanSlots(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, 1, n, "SweepOrphanSlots drops it")
+		}
+		assert.Empty(t, physicalSlots(t, admin), "no base slot is left")
+
+		var next bytes.Buffer
+		require.NoError(t, c.Backup(ctx, m.options(temp), &next), "the next backup, %s", m.name)
+		rep, err = c.Verify(ctx, bytes.NewReader(next.Bytes()))
+		require.NoError(t, err)
+		assert.True(t, rep.OK, "%v", rep.Problems)
+		assertDirEmpty(t, temp, "after the next backup")
+		if m.baseSlot {
+			n, err := c.SweepOrphanSlots(ctx) // the next backup's own base slot
+			require.NoError(t, err)
+			assert.Equal(t, 1, n)
+		}
+		latest[fmt.Sprint(m.jobs)] = next.Bytes()
+		require.NoError(t, c.Close())
+		t.Logf("round %d (%s): killed %v into the dump, %d bytes written, %d pg_dump processes, all gone %v after the kill; "+
+			"left in TempDir until the next backup: %v", i+1, m.name, r.after.Round(time.Millisecond), len(r.output), r.procs,
+			r.gone.Round(time.Millisecond), left)
+	}
+
+	for jobs, data := range latest {
+		dstDSN := srv.NewDatabase(t)
+		dst, err := pgx.Connect(ctx, dstDSN)
+		require.NoError(t, err)
+		target, _ := backupConn(t, dstDSN)
+		n, _ := strconv.Atoi(jobs)
+		require.NoError(t, target.Restore(ctx, siphon.RestoreOptions{Jobs: n, TempDir: temp}, bytes.NewReader(data)))
+		assert.Equal(t, tableDigests(t, admin), tableDigests(t, dst), "restored with %s jobs", jobs)
+		dst.Close(ctx)
+		require.NoError(t, target.Close())
+		assertNoLeaks(t, dstDSN)
+	}
+	assertDirEmpty(t, temp, "after the restores")
+	c = connect()
+	require.NoError(t, c.DropSlot(ctx, slot))
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn)
+	assert.Empty(t, physicalSlots(t, admin))
+}
+
+// killedBackup is what a killed backup child left.
+type killedBackup struct {
+	output []byte        // the cut backup
+	after  time.Duration // from pg_dump's start to the kill
+	procs  int           // pg_dump processes seen
+	gone   time.Duration // from the kill until the last was gone
+}
+
+// killBackupChild starts the backup child, waits until its pg_dump runs,
+// SIGKILLs the child after delay, and waits until no pg_dump of database
+// is left.
+func killBackupChild(t *testing.T, env []string, database string, delay time.Duration) killedBackup {
+	t.Helper()
+	cmd := childCmd("backup-kill", env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var leader int
+	require.Eventually(t, func() bool {
+		for _, p := range pgDumpProcesses(database) {
+			if p.ppid == cmd.Process.Pid {
+				leader = p.pid
+			}
+		}
+		return leader != 0 || len(exited) > 0
+	}, 30*time.Second, time.Millisecond, "pg_dump starts")
+	require.NotZero(t, leader, "the child exited before pg_dump ran: %s", stderr.String())
+	started := time.Now()
+	seen := map[int]bool{}
+	for deadline := started.Add(delay); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		for _, p := range pgDumpProcesses(database) {
+			seen[p.pid] = true
+		}
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("the backup child exited before it was killed: %v\nstderr: %s", err, stderr.String())
+	default:
+	}
+	require.NoError(t, cmd.Process.Kill())
+	<-exited
+	killed := time.Now()
+	var left []procStat
+	require.Eventually(t, func() bool {
+		left = pgDumpProcesses(database)
+		return len(left) == 0
+	}, 30*time.Second, 5*time.Millisecond, "pg_dump processes left: %v", left)
+	output, err := os.ReadFile(envValue(env, backupChildOut))
+	require.NoError(t, err)
+	return killedBackup{output: output, after: killed.Sub(started), procs: len(seen), gone: time.Since(killed)}
+}
+
+// envValue returns the value of name in env.
+func envValue(env []string, name string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// procStat is a process as /proc/<pid>/stat describes it.
+type procStat struct {
+	pid, ppid, pgrp int
+	state, comm     string
+}
+
+// pgDumpProcesses lists the live (not zombie) pg_dump processes connected
+// to database, which they are told in their environment (PGDATABASE), never
+// in argv.
+func pgDumpProcesses(database string) []procStat {
+	var found []procStat
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		p, ok := readProcStat(path)
+		if !ok || p.comm != "pg_dump" || p.state == "Z" {
+			continue
+		}
+		environ, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "environ"))
+		if bytes.Contains(environ, []byte("\x00PGDATABASE="+database+"\x00")) ||
+			bytes.HasPrefix(environ, []byte("PGDATABASE="+database+"\x00")) {
+			found = append(found, p)
+		}
+	}
+	return found
+}
+
+func readProcStat(path string) (procStat, bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return procStat{}, false // it exited meanwhile
+	}
+	// pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+	open, end := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+	if open < 0 || end < open {
+		return procStat{}, false
+	}
+	fields := strings.Fields(string(data[end+1:]))
+	if len(fields) < 3 {
+		return procStat{}, false
+	}
+	p := procStat{comm: string(data[open+1 : end]), state: fields[0]}
+	p.pid, _ = strconv.Atoi(strings.TrimSpace(string(data[:open])))
+	p.ppid, _ = strconv.Atoi(fields[1])
+	p.pgrp, _ = strconv.Atoi(fields[2])
+	return p, true
+}
+
+// awaitNoLeftovers waits until the source holds nothing of the killed
+// child but the persistent slot: no snapshot slot, walsender, lock or
+// session (pg_dump's included: it runs as "siphon").
+func awaitNoLeftovers(t *testing.T, admin *pgx.Conn, slot string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		left, err := leftovers(context.Background(), admin, []string{slot})
+		assert.NoError(c, err)
+		assert.Empty(c, left)
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// physicalSlot is a physical replication slot of the server.
+type physicalSlot struct {
+	name   string
+	active bool
+}
+
+func physicalSlots(t *testing.T, admin *pgx.Conn) []physicalSlot {
+	t.Helper()
+	rows, err := admin.Query(context.Background(), `SELECT slot_name, active FROM pg_replication_slots WHERE slot_type = 'physical'`)
+	require.NoError(t, err)
+	slots, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (physicalSlot, error) {
+		var s physicalSlot
+		return s, r.Scan(&s.name, &s.active)
+	})
+	require.NoError(t, err)
+	return slots
+}
+
+// dirNames lists the names in dir.
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	return names
+}
+
+// assertDirEmpty checks that dir holds nothing.
+func assertDirEmpty(t *testing.T, dir, when string) {
+	t.Helper()
+	assert.Empty(t, dirNames(t, dir), "temporary files left %s", when)
+}
+
+func init() { childModes["backup-kill"] = backupKillChild }
+
+// backupKillChild is the backup child: one Backup into a file, which the
+// test kills before it ends.
+func backupKillChild() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	jobs, err := strconv.Atoi(os.Getenv(backupChildJobs))
+	if err != nil {
+		return err
+	}
+	c, err := siphon.Connect(ctx, os.Getenv(backupChildDSN), siphon.WithSlot(os.Getenv(backupChildSlot)),
+		siphon.WithPublication(os.Getenv(backupChildSlot)))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	f, err := os.Create(os.Getenv(backupChildOut))
+	if err != nil {
+		return err
+	}
+	opt := siphon.BackupOptions{Jobs: jobs, BaseSlot: os.Getenv(backupChildBase) == "true", TempDir: os.Getenv(backupChildTemp)}
+	err = c.Backup(ctx, opt, f)
+	return errors.Join(err, f.Close(), errors.New("the backup ended before the kill"))
+}

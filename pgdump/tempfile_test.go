@@ -1,0 +1,49 @@
+package pgdump
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// An entry that no process holds is what a killed process leaves: the
+// kernel drops its locks when it dies.
+func TestTempEntriesOfDeadMakersAreSwept(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS != "linux" && runtime.GOOS != "darwin" && runtime.GOOS != "freebsd" {
+		t.Skip("no flock: nothing is swept")
+	}
+	tmp := t.TempDir()
+	orphanDir := filepath.Join(tmp, "siphon-backup-orphan")
+	require.NoError(t, os.MkdirAll(filepath.Join(orphanDir, "sub"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(orphanDir, "toc.dat"), []byte("x"), 0o600))
+	orphanFile := filepath.Join(tmp, "siphon-pgpass-orphan")
+	require.NoError(t, os.WriteFile(orphanFile, []byte("*:*:*:*:secret\n"), 0o600))
+	other := filepath.Join(tmp, "other-file")
+	require.NoError(t, os.WriteFile(other, nil, 0o600))
+
+	held, remove, err := MkdirTemp(tmp, "siphon-backup-*")
+	require.NoError(t, err)
+	assert.NoDirExists(t, orphanDir, "a directory no one holds is swept")
+	assert.FileExists(t, orphanFile, "another pattern's entries are left")
+
+	again, removeAgain, err := MkdirTemp(tmp, "siphon-backup-*")
+	require.NoError(t, err)
+	assert.DirExists(t, held, "a held directory is not swept")
+
+	pass, removePass, err := writePassfile(tmp, "pw")
+	require.NoError(t, err)
+	assert.NoFileExists(t, orphanFile, "a password file no one holds is swept")
+	assert.FileExists(t, other, "names of no pattern are left")
+
+	require.NoError(t, remove())
+	require.NoError(t, removeAgain())
+	removePass()
+	assert.NoDirExists(t, held)
+	assert.NoDirExists(t, again)
+	assert.NoFileExists(t, pass)
+}
