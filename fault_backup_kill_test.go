@@ -96,27 +96,34 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 		return c
 	}
 	temp, out := t.TempDir(), t.TempDir()
-	// A first backup in this process: it is how long a dump takes, and
-	// shows the TempDir clean after a backup that ran to its end.
-	durations := map[string]time.Duration{}
+	// A first backup of each format, in this process: how large a dump
+	// is, so that kills land at a random point of the dump's progress, and
+	// a TempDir clean after a backup that ran to its end.
+	sizes := map[int]int64{}
 	for _, m := range backupKillModes[:2] {
 		began := time.Now()
 		var buf bytes.Buffer
 		require.NoError(t, c.Backup(ctx, m.options(temp), &buf), m.name)
-		durations[m.name] = time.Since(began)
+		sizes[m.jobs] = int64(buf.Len())
 		assertDirEmpty(t, temp, "after a backup")
+		t.Logf("a backup (%s) takes %v and %d bytes", m.name, time.Since(began).Round(time.Millisecond), buf.Len())
 	}
 	require.NoError(t, c.Close())
-	t.Logf("a backup takes %v in the custom format, %v with 2 jobs", durations["custom format"], durations["2 parallel jobs"])
 
 	env := []string{backupChildDSN + "=" + dsn, backupChildSlot + "=" + slot,
 		backupChildOut + "=" + filepath.Join(out, "cut.siphon"), backupChildTemp + "=" + temp}
 	latest := map[string][]byte{}
 	for i := range rounds {
 		m := backupKillModes[i%len(backupKillModes)]
-		dur := durations[backupKillModes[i%2].name]
+		// The dump's progress: what pg_dump has written to the output, or
+		// to the parallel dump's directory.
+		progress := func() int64 { return fileSizes(filepath.Join(out, "cut.siphon")) }
+		if m.jobs > 1 {
+			progress = func() int64 { return fileSizes(filepath.Join(temp, "siphon-backup-*", "*")) }
+		}
+		killAt := rand.Int64N(sizes[m.jobs] * 9 / 10)
 		r := killBackupChild(t, append(env, backupChildJobs+"="+strconv.Itoa(m.jobs), backupChildBase+"="+strconv.FormatBool(m.baseSlot)),
-			database, rand.N(dur*6/10))
+			database, progress, killAt)
 		awaitNoLeftovers(t, admin, slot)
 		left := dirNames(t, temp)
 
@@ -148,8 +155,9 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 		}
 		latest[fmt.Sprint(m.jobs)] = next.Bytes()
 		require.NoError(t, c.Close())
-		t.Logf("round %d (%s): killed %v into the dump, %d bytes written, %d pg_dump processes, all gone %v after the kill; "+
-			"left in TempDir until the next backup: %v", i+1, m.name, r.after.Round(time.Millisecond), len(r.output), r.procs,
+		t.Logf("round %d (%s): killed %v into the dump, at %d of %d bytes (%d%%), %d pg_dump processes, all gone %v after the kill; "+
+			"left in TempDir until the next backup: %v", i+1, m.name, r.after.Round(time.Millisecond), r.progress, sizes[m.jobs],
+			100*r.progress/sizes[m.jobs], r.procs,
 			r.gone.Round(time.Millisecond), left)
 	}
 
@@ -175,16 +183,17 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 
 // killedBackup is what a killed backup child left.
 type killedBackup struct {
-	output []byte        // the cut backup
-	after  time.Duration // from pg_dump's start to the kill
-	procs  int           // pg_dump processes seen
-	gone   time.Duration // from the kill until the last was gone
+	output   []byte        // the cut backup
+	after    time.Duration // from pg_dump's start to the kill
+	progress int64         // bytes dumped at the kill
+	procs    int           // pg_dump processes seen
+	gone     time.Duration // from the kill until the last was gone
 }
 
 // killBackupChild starts the backup child, waits until its pg_dump runs,
-// SIGKILLs the child after delay, and waits until no pg_dump of database
-// is left.
-func killBackupChild(t *testing.T, env []string, database string, delay time.Duration) killedBackup {
+// SIGKILLs the child once progress reports killAt bytes dumped, and waits
+// until no pg_dump of database is left.
+func killBackupChild(t *testing.T, env []string, database string, progress func() int64, killAt int64) killedBackup {
 	t.Helper()
 	cmd := childCmd("backup-kill", env...)
 	var stderr bytes.Buffer
@@ -201,18 +210,25 @@ func killBackupChild(t *testing.T, env []string, database string, delay time.Dur
 		}
 		return leader != 0 || len(exited) > 0
 	}, 30*time.Second, time.Millisecond, "pg_dump starts")
-	require.NotZero(t, leader, "the child exited before pg_dump ran: %s", stderr.String())
 	started := time.Now()
 	seen := map[int]bool{}
-	for deadline := started.Add(delay); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	var dumped int64
+	for leader != 0 {
 		for _, p := range pgDumpProcesses(database) {
 			seen[p.pid] = true
 		}
+		if dumped = progress(); dumped >= killAt {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the backup child exited before it was killed: %v\nstderr: %s", err, stderr.String())
+		case <-time.After(2 * time.Millisecond):
+		}
 	}
-	select {
-	case err := <-exited:
-		t.Fatalf("the backup child exited before it was killed: %v\nstderr: %s", err, stderr.String())
-	default:
+	if leader == 0 {
+		err := <-exited
+		t.Fatalf("the backup child exited before pg_dump ran: %v\nstderr: %s", err, stderr.String())
 	}
 	require.NoError(t, cmd.Process.Kill())
 	<-exited
@@ -224,7 +240,19 @@ func killBackupChild(t *testing.T, env []string, database string, delay time.Dur
 	}, 30*time.Second, 5*time.Millisecond, "pg_dump processes left: %v", left)
 	output, err := os.ReadFile(envValue(env, backupChildOut))
 	require.NoError(t, err)
-	return killedBackup{output: output, after: killed.Sub(started), procs: len(seen), gone: time.Since(killed)}
+	return killedBackup{output: output, after: killed.Sub(started), progress: dumped, procs: len(seen), gone: time.Since(killed)}
+}
+
+// fileSizes adds up the sizes of the files pattern matches.
+func fileSizes(pattern string) int64 {
+	paths, _ := filepath.Glob(pattern)
+	var n int64
+	for _, p := range paths {
+		if info, err := os.Stat(p); err == nil {
+			n += info.Size()
+		}
+	}
+	return n
 }
 
 // envValue returns the value of name in env.
