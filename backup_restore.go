@@ -58,8 +58,10 @@ type RestoreOptions struct {
 	// server nor than the pg_dump that wrote the backup.
 	PgRestore string
 	// TempDir is where the backup's body is spooled before pg_restore
-	// reads it (mode 0600, removed before Restore returns); it needs room
-	// for the whole body. Defaults to [os.TempDir].
+	// reads it (mode 0600, removed before Restore returns; the body of a
+	// Restore whose process was killed is removed by the next Restore with
+	// the same TempDir); it needs room for the whole body. Defaults to
+	// [os.TempDir].
 	TempDir string
 }
 
@@ -172,21 +174,22 @@ func (c *Conn) checkTargetEmpty(ctx context.Context, database string) error {
 // spoolBody copies the envelope's body to a temporary file (a directory
 // for a directory-format dump) and returns its path, once the whole
 // envelope checked out. cleanup removes it; call it whatever the error.
+// Both are in a directory of their own (see [pgdump.MkdirTemp]): if this
+// process is killed first, the next Restore with the same TempDir removes
+// it.
 func spoolBody(er *canonical.EnvelopeReader, body canonical.BodyFormat, tempDir string) (path string, cleanup func(), err error) {
-	cleanup = func() {}
+	dir, remove, err := pgdump.MkdirTemp(tempDir, "siphon-restore-*")
+	if err != nil {
+		return "", func() {}, fmt.Errorf("make a directory to spool the backup: %w", err)
+	}
+	cleanup = func() { remove() }
 	if body == canonical.BodyPgDumpDirectoryTar {
-		dir, err := os.MkdirTemp(tempDir, "siphon-restore-*")
-		if err != nil {
-			return "", cleanup, fmt.Errorf("make a directory to spool the backup: %w", err)
-		}
-		cleanup = func() { os.RemoveAll(dir) }
 		return dir, cleanup, untar(er, dir)
 	}
-	f, err := os.CreateTemp(tempDir, "siphon-restore-*.dump")
+	f, err := os.OpenFile(filepath.Join(dir, "body.dump"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return "", cleanup, fmt.Errorf("make a file to spool the backup: %w", err)
 	}
-	cleanup = func() { os.Remove(f.Name()) }
 	_, err = io.Copy(f, er)
 	if cerr := f.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("spool the backup: %w", cerr)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -209,11 +208,11 @@ func checkListing(listing *pgdump.Listing, err error, h canonical.EnvelopeHeader
 // verifyDumpTar checks a directory-format dump carried as a tar: plain
 // flat files, toc.dat first, which pg_restore --list must read.
 func verifyDumpTar(ctx context.Context, er *canonical.EnvelopeReader, h canonical.EnvelopeHeader, rep *VerifyReport) error {
-	dir, err := os.MkdirTemp("", "siphon-verify-*")
+	dir, remove, err := pgdump.MkdirTemp("", "siphon-verify-*")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer remove()
 	tr := tar.NewReader(er)
 	seen := map[string]bool{}
 	for {

@@ -272,14 +272,18 @@ type procStat struct {
 }
 
 // pgDumpProcesses lists the live (not zombie) pg_dump processes connected
-// to database, which they are told in their environment (PGDATABASE), never
-// in argv.
-func pgDumpProcesses(database string) []procStat {
+// to database.
+func pgDumpProcesses(database string) []procStat { return programProcesses("pg_dump", database) }
+
+// programProcesses lists the live (not zombie) processes of program
+// connected to database, which they are told in their environment
+// (PGDATABASE), never in argv.
+func programProcesses(program, database string) []procStat {
 	var found []procStat
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, path := range stats {
 		p, ok := readProcStat(path)
-		if !ok || p.comm != "pg_dump" || p.state == "Z" {
+		if !ok || p.comm != program || p.state == "Z" {
 			continue
 		}
 		environ, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "environ"))
@@ -384,4 +388,127 @@ func backupKillChild() error {
 	opt := siphon.BackupOptions{Jobs: jobs, BaseSlot: os.Getenv(backupChildBase) == "true", TempDir: os.Getenv(backupChildTemp)}
 	err = c.Backup(ctx, opt, f)
 	return errors.Join(err, f.Close(), errors.New("the backup ended before the kill"))
+}
+
+// The environment of the restore child, the test binary in child mode
+// "restore-kill".
+const (
+	restoreChildDSN  = "SIPHON_RESTORE_CHILD_DSN"
+	restoreChildIn   = "SIPHON_RESTORE_CHILD_IN"
+	restoreChildTemp = "SIPHON_RESTORE_CHILD_TEMP"
+	restoreChildJobs = "SIPHON_RESTORE_CHILD_JOBS"
+)
+
+// TestKillRestoreLeavesNothing runs Restore in a child process and
+// SIGKILLs it N times (SIPHON_RESTORE_KILL_ROUNDS, default 4): while it
+// spools the backup's body to TempDir, or at a random moment while
+// pg_restore runs, with one job or two. After each kill no pg_restore
+// process and no session is left, and the next Restore (into a fresh
+// database: the killed one holds part of the data) succeeds, gives the
+// source's data, and leaves TempDir empty, the killed run's spooled body
+// included.
+func TestKillRestoreLeavesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rounds := envInt(t, "SIPHON_RESTORE_KILL_ROUNDS", 4)
+	srcDSN, src := newDatabase(t)
+	execSQL(t, src,
+		`CREATE TABLE kr_a (id int8 PRIMARY KEY, body text)`,
+		`CREATE TABLE kr_b (id int8 PRIMARY KEY, body text)`,
+		`CREATE INDEX ON kr_a (body)`,
+		`INSERT INTO kr_a SELECT i, md5(i::text) FROM generate_series(1, 150000) i`,
+		`INSERT INTO kr_b SELECT i, md5(i::text) FROM generate_series(1, 150000) i`)
+	c, _ := backupConn(t, srcDSN)
+	backupFile := filepath.Join(t.TempDir(), "full.siphon")
+	require.NoError(t, os.WriteFile(backupFile, backup(t, c, siphon.BackupOptions{}), 0o600))
+	require.NoError(t, c.Close())
+	want := tableDigests(t, src)
+	temp := t.TempDir()
+
+	for i := range rounds {
+		jobs, spooling := 1+i%2, i%3 == 0
+		dstDSN, dst := newDatabase(t)
+		database := dst.Config().Database
+		env := []string{restoreChildDSN + "=" + dstDSN, restoreChildIn + "=" + backupFile, restoreChildTemp + "=" + temp,
+			restoreChildJobs + "=" + strconv.Itoa(jobs)}
+		cmd := childCmd("restore-kill", env...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		// Killed once the body is being spooled, or a random moment
+		// after pg_restore started.
+		began := time.Now()
+		var where string
+		require.Eventually(t, func() bool {
+			switch {
+			case len(exited) > 0:
+				return true
+			case spooling && len(dirNames(t, temp)) > 0:
+				where = "while spooling"
+			case len(programProcesses("pg_restore", database)) > 0:
+				where = "while pg_restore ran"
+			default:
+				return false
+			}
+			return true
+		}, 30*time.Second, time.Millisecond)
+		var delay <-chan time.Time
+		if where == "while pg_restore ran" {
+			delay = time.After(rand.N(300 * time.Millisecond))
+		} else {
+			delay = time.After(0)
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the restore child exited before it was killed: %v\nstderr: %s", err, stderr.String())
+		case <-delay:
+		}
+		require.NoError(t, cmd.Process.Kill())
+		<-exited
+		killed := time.Now()
+		require.Eventually(t, func() bool { return len(programProcesses("pg_restore", database)) == 0 },
+			30*time.Second, 5*time.Millisecond, "pg_restore processes left")
+		gone := time.Since(killed)
+		awaitNoLeftovers(t, dst, "")
+		left := dirNames(t, temp)
+
+		nextDSN, next := newDatabase(t)
+		target, _ := backupConn(t, nextDSN)
+		f, err := os.Open(backupFile)
+		require.NoError(t, err)
+		require.NoError(t, target.Restore(ctx, siphon.RestoreOptions{Jobs: jobs, TempDir: temp}, f))
+		f.Close()
+		assert.Equal(t, want, tableDigests(t, next), "the next restore gives the source's data")
+		assertDirEmpty(t, temp, "after the next restore")
+		require.NoError(t, target.Close())
+		t.Logf("round %d (%d jobs): killed %s, %v after the start; pg_restore gone %v after the kill; left in TempDir until the next restore: %v",
+			i+1, jobs, where, killed.Sub(began).Round(time.Millisecond), gone.Round(time.Millisecond), left)
+	}
+}
+
+func init() { childModes["restore-kill"] = restoreKillChild }
+
+// restoreKillChild is the restore child: one Restore from a file, which
+// the test kills before it ends.
+func restoreKillChild() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	jobs, err := strconv.Atoi(os.Getenv(restoreChildJobs))
+	if err != nil {
+		return err
+	}
+	c, err := siphon.Connect(ctx, os.Getenv(restoreChildDSN))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	f, err := os.Open(os.Getenv(restoreChildIn))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	err = c.Restore(ctx, siphon.RestoreOptions{Jobs: jobs, TempDir: os.Getenv(restoreChildTemp)}, f)
+	return errors.Join(err, errors.New("the restore ended before the kill"))
 }

@@ -196,13 +196,13 @@ func isConnVariable(name string) bool {
 // holdTemp): if this process dies first, the next password file written in
 // dir removes it.
 func writePassfile(dir, password string) (string, func(), error) {
-	path, held, err := holdTemp(dir, "siphon-pgpass-*", func(dir, pattern string) (string, error) {
-		f, err := os.CreateTemp(dir, pattern)
+	path, held, err := holdTemp(dir, "siphon-pgpass-*", func(path string) error {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
-			return "", err
+			return err
 		}
-		// CreateTemp makes the file 0600 already; say it for libpq, which
-		// ignores a password file others can read.
+		// Made 0600 already (a umask only takes bits away); say it for
+		// libpq, which ignores a password file others can read.
 		err = f.Chmod(0o600)
 		if err == nil {
 			escaped := strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace(password)
@@ -212,10 +212,9 @@ func writePassfile(dir, password string) (string, func(), error) {
 			err = cerr
 		}
 		if err != nil {
-			os.Remove(f.Name())
-			return "", err
+			os.Remove(path)
 		}
-		return f.Name(), nil
+		return err
 	})
 	if err != nil {
 		return "", nil, fmt.Errorf("write password file: %w", err)

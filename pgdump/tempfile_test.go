@@ -18,13 +18,16 @@ func TestTempEntriesOfDeadMakersAreSwept(t *testing.T) {
 		t.Skip("no flock: nothing is swept")
 	}
 	tmp := t.TempDir()
-	orphanDir := filepath.Join(tmp, "siphon-backup-orphan")
+	orphanDir := filepath.Join(tmp, "siphon-backup-0123456789abcdef")
 	require.NoError(t, os.MkdirAll(filepath.Join(orphanDir, "sub"), 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(orphanDir, "toc.dat"), []byte("x"), 0o600))
-	orphanFile := filepath.Join(tmp, "siphon-pgpass-orphan")
+	orphanFile := filepath.Join(tmp, "siphon-pgpass-00000000deadbeef")
 	require.NoError(t, os.WriteFile(orphanFile, []byte("*:*:*:*:secret\n"), 0o600))
-	other := filepath.Join(tmp, "other-file")
-	require.NoError(t, os.WriteFile(other, nil, 0o600))
+	var others []string // names of the same prefixes that are not ours
+	for _, name := range []string{"siphon-backup-chain-1234", "siphon-backup-0123456789ABCDEF", "siphon-backup-123", "siphon-pgpass-x"} {
+		others = append(others, filepath.Join(tmp, name))
+		require.NoError(t, os.Mkdir(others[len(others)-1], 0o700))
+	}
 
 	held, remove, err := MkdirTemp(tmp, "siphon-backup-*")
 	require.NoError(t, err)
@@ -38,7 +41,12 @@ func TestTempEntriesOfDeadMakersAreSwept(t *testing.T) {
 	pass, removePass, err := writePassfile(tmp, "pw")
 	require.NoError(t, err)
 	assert.NoFileExists(t, orphanFile, "a password file no one holds is swept")
-	assert.FileExists(t, other, "names of no pattern are left")
+	info, err := os.Stat(pass)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	for _, other := range others {
+		assert.DirExists(t, other, "not a name of ours")
+	}
 
 	require.NoError(t, remove())
 	require.NoError(t, removeAgain())
