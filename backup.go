@@ -52,8 +52,10 @@ type BackupOptions struct {
 	// which is streamed into the envelope as a tar once complete: the body
 	// is then [canonical.BodyPgDumpDirectoryTar], the temporary directory
 	// needs room for the whole dump, and Restore can restore it in parallel
-	// too. Defaults to 0: one job, the custom format streamed as pg_dump
-	// writes it, no temporary file.
+	// too. If this process is killed, pg_dump dies with it (on Linux) but
+	// its workers finish the table each is dumping before they exit.
+	// Defaults to 0: one job, the custom format streamed as pg_dump writes
+	// it, no temporary file.
 	Jobs int
 	// SerializableDeferrable asks for pg_dump's --serializable-deferrable,
 	// which pg_dump silently drops when dumping through an exported
@@ -66,7 +68,8 @@ type BackupOptions struct {
 	// the envelope records the slot and its WAL range, and the slot pins
 	// WAL from its start until you drop it with [Conn.DropSlot] when the
 	// chain that starts with this backup is sealed. A failed backup drops
-	// it. Defaults to false.
+	// it; one whose process was killed leaves it, inactive, for
+	// [Conn.SweepOrphanSlots] to drop. Defaults to false.
 	BaseSlot bool
 	// Previous is the Link of the chain's previous envelope, if this backup
 	// continues a chain (rare: a dump usually starts one).
@@ -79,8 +82,9 @@ type BackupOptions struct {
 	// TempDir holds the password file given to pg_dump and, with Jobs,
 	// the directory-format dump. Both are removed before Backup returns;
 	// those of a Backup whose process was killed are removed by the next
-	// Backup with the same TempDir (the password file by any Backup, the
-	// directory by one with Jobs). Defaults to [os.TempDir].
+	// Backup with the same TempDir (the password file by the next that
+	// writes one, the directory by the next with Jobs). Defaults to
+	// [os.TempDir].
 	TempDir string
 }
 
