@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -112,7 +111,7 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 
 	env := []string{backupChildDSN + "=" + dsn, backupChildSlot + "=" + slot,
 		backupChildOut + "=" + filepath.Join(out, "cut.siphon"), backupChildTemp + "=" + temp}
-	latest := map[string][]byte{}
+	latest := map[int][]byte{} // the last good backup, by jobs
 	for i := range rounds {
 		m := backupKillModes[i%len(backupKillModes)]
 		// The dump's progress: what pg_dump has written to the output, or
@@ -153,12 +152,11 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, 1, n)
 		}
-		latest[fmt.Sprint(m.jobs)] = next.Bytes()
+		latest[m.jobs] = next.Bytes()
 		require.NoError(t, c.Close())
 		t.Logf("round %d (%s): killed %v into the dump, at %d of %d bytes (%d%%), %d pg_dump processes, all gone %v after the kill; "+
 			"left in TempDir until the next backup: %v", i+1, m.name, r.after.Round(time.Millisecond), r.progress, sizes[m.jobs],
-			100*r.progress/sizes[m.jobs], r.procs,
-			r.gone.Round(time.Millisecond), left)
+			100*r.progress/sizes[m.jobs], r.procs, r.gone.Round(time.Millisecond), left)
 	}
 
 	for jobs, data := range latest {
@@ -166,9 +164,8 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 		dst, err := pgx.Connect(ctx, dstDSN)
 		require.NoError(t, err)
 		target, _ := backupConn(t, dstDSN)
-		n, _ := strconv.Atoi(jobs)
-		require.NoError(t, target.Restore(ctx, siphon.RestoreOptions{Jobs: n, TempDir: temp}, bytes.NewReader(data)))
-		assert.Equal(t, tableDigests(t, admin), tableDigests(t, dst), "restored with %s jobs", jobs)
+		require.NoError(t, target.Restore(ctx, siphon.RestoreOptions{Jobs: jobs, TempDir: temp}, bytes.NewReader(data)))
+		assert.Equal(t, tableDigests(t, admin), tableDigests(t, dst), "restored with %d jobs", jobs)
 		dst.Close(ctx)
 		require.NoError(t, target.Close())
 		assertNoLeaks(t, dstDSN)
