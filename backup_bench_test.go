@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"testing"
 	"time"
@@ -37,7 +36,7 @@ type backupBench struct {
 
 func newBackupBench(b *testing.B) *backupBench {
 	b.Helper()
-	rows := envInt(b, "SIPHON_BENCH_ROWS", 200_000)
+	rows := benchRows(b)
 	ctx := context.Background()
 	dsn := siphontest.Start(b).NewDatabase(b)
 	admin, err := pgx.Connect(ctx, dsn)
@@ -45,16 +44,7 @@ func newBackupBench(b *testing.B) *backupBench {
 		b.Fatal(err)
 	}
 	defer admin.Close(ctx)
-	for _, sql := range []string{
-		`CREATE TABLE bench (id int8 PRIMARY KEY, name text, amount numeric(12,2), at timestamptz, flag bool)`,
-		fmt.Sprintf(`INSERT INTO bench SELECT i, 'customer number ' || i, i * 1.25,
-			'2026-01-01 00:00:00+00'::timestamptz + i * interval '1 second', i %% 2 = 0 FROM generate_series(1, %d) i`, rows),
-		`VACUUM ANALYZE bench`,
-	} {
-		if _, err := admin.Exec(ctx, sql); err != nil {
-			b.Fatal(err)
-		}
-	}
+	loadBenchTable(b, admin, rows)
 	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot("bench_backup"), siphon.WithPublication("bench_backup"))
 	if err != nil {
 		b.Fatal(err)
@@ -111,7 +101,8 @@ func (bb *backupBench) pgDumpFc(b *testing.B) (time.Duration, int64) {
 // database with the same pg_dump, in one run. The ratio sub-benchmark runs
 // both on each iteration, in alternating order, and reports the median of
 // Backup's wall time over pg_dump's (the target is at most 1.05).
-// SIPHON_BENCH_ROWS sets the table's row count (default 200000).
+// The database holds the standard table (SIPHON_BENCH_ROWS rows, default
+// 20000; see bench_data_test.go).
 func BenchmarkBackup(b *testing.B) {
 	bb := newBackupBench(b)
 	report := func(b *testing.B, total time.Duration, bytes int64) {
@@ -137,22 +128,9 @@ func BenchmarkBackup(b *testing.B) {
 		report(b, total, size)
 	})
 	b.Run("ratio", func(b *testing.B) {
-		var ratios []float64
-		for i := 0; b.Loop(); i++ {
-			var ours, theirs time.Duration
-			if i%2 == 0 {
-				ours, _ = bb.backup(b)
-				theirs, _ = bb.pgDumpFc(b)
-			} else {
-				theirs, _ = bb.pgDumpFc(b)
-				ours, _ = bb.backup(b)
-			}
-			ratios = append(ratios, ours.Seconds()/theirs.Seconds())
-		}
-		sort.Float64s(ratios)
-		b.ReportMetric(ratios[len(ratios)/2], "x_pg_dump(median)")
-		b.ReportMetric(ratios[len(ratios)-1], "x_pg_dump(max)")
-		b.ReportMetric(0, "ns/op")
+		sideBySide(b, "x_pg_dump", false, 0,
+			func() time.Duration { d, _ := bb.backup(b); return d },
+			func() time.Duration { d, _ := bb.pgDumpFc(b); return d })
 	})
 }
 
@@ -277,8 +255,8 @@ func (rb *restoreBench) checkRows(b *testing.B, conn pgdump.Conn) {
 // a fresh empty database (created and dropped off the timer), in one run.
 // The data is BenchmarkBackup's. The ratio sub-benchmark runs both on each
 // iteration, in alternating order, and reports the median and max of
-// Restore's wall time over pg_restore's. SIPHON_BENCH_ROWS sets the table's
-// row count (default 200000).
+// Restore's wall time over pg_restore's. The database holds the standard
+// table (SIPHON_BENCH_ROWS rows, default 20000).
 //
 //	SIPHON_BENCH_ROWS=300000 go test -run '^$' -bench 'BenchmarkRestore$' -benchtime 3x
 func BenchmarkRestore(b *testing.B) {
@@ -302,23 +280,7 @@ func BenchmarkRestore(b *testing.B) {
 		report(b, total)
 	})
 	b.Run("ratio", func(b *testing.B) {
-		var ratios []float64
-		var oursTotal, theirsTotal time.Duration
-		for i := 0; b.Loop(); i++ {
-			var ours, theirs time.Duration
-			if i%2 == 0 {
-				ours, theirs = rb.restore(b), rb.pgRestoreFile(b)
-			} else {
-				theirs, ours = rb.pgRestoreFile(b), rb.restore(b)
-			}
-			oursTotal, theirsTotal = oursTotal+ours, theirsTotal+theirs
-			ratios = append(ratios, ours.Seconds()/theirs.Seconds())
-		}
-		sort.Float64s(ratios)
-		b.ReportMetric(ratios[len(ratios)/2], "x_pg_restore(median)")
-		b.ReportMetric(ratios[len(ratios)-1], "x_pg_restore(max)")
-		b.ReportMetric(float64(rb.rows)*float64(b.N)/oursTotal.Seconds(), "siphon_rows/s")
-		b.ReportMetric(float64(rb.rows)*float64(b.N)/theirsTotal.Seconds(), "pg_restore_rows/s")
-		b.ReportMetric(0, "ns/op")
+		sideBySide(b, "x_pg_restore", false, rb.rows, func() time.Duration { return rb.restore(b) },
+			func() time.Duration { return rb.pgRestoreFile(b) })
 	})
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"testing"
 	"time"
 
@@ -21,10 +20,10 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
-// BenchmarkSnapshotCopy copies one table of SIPHON_BENCH_ROWS rows
-// (default 20000) with Snapshot.CopyTables to a no-op RowFunc (plain, and
-// resumable with checkpoints) and with EmitCanonical to io.Discard, with 1,
-// 2 and 4 sessions, and compares each with the reference, psql -c "COPY
+// BenchmarkSnapshotCopy copies the standard table (SIPHON_BENCH_ROWS rows,
+// default 20000; see bench_data_test.go) with Snapshot.CopyTables to a
+// no-op RowFunc (plain, and resumable with checkpoints) and with
+// EmitCanonical to io.Discard, with 1, 2 and 4 sessions, and compares each with the reference, psql -c "COPY
 // bench TO STDOUT (FORMAT binary)" to /dev/null. Each iteration runs the
 // reference too (off the timer), right before the contender, so the ratio
 // x-psql (the contender's speed as a multiple of psql's; above 1 is faster)
@@ -36,22 +35,14 @@ import (
 //
 //	SIPHON_BENCH_ROWS=1000000 go test -run '^$' -bench BenchmarkSnapshotCopy -benchtime 3x
 func BenchmarkSnapshotCopy(b *testing.B) {
-	rows := envInt(b, "SIPHON_BENCH_ROWS", 20000)
+	rows := benchRows(b)
 	psql := findPsql(b)
 	ctx := context.Background()
 	dsn := siphontest.Start(b).NewDatabase(b)
 	admin, err := pgx.Connect(ctx, dsn)
 	require.NoError(b, err)
 	defer admin.Close(ctx)
-	for _, s := range []string{
-		`CREATE TABLE bench (id bigint PRIMARY KEY, n int, name text, created timestamptz, amount numeric(12,2), flag bool, score float8)`,
-		fmt.Sprintf(`INSERT INTO bench SELECT i, i %% 1000, 'customer ' || md5(i::text), '2024-01-01'::timestamptz + i * interval '1 second',
-			(i %% 100000) / 100.0, i %% 3 = 0, i / 7.0 FROM generate_series(1, %d) i`, rows),
-		`VACUUM (FREEZE, ANALYZE) bench`,
-	} {
-		_, err := admin.Exec(ctx, s)
-		require.NoError(b, err)
-	}
+	loadBenchTable(b, admin, rows)
 
 	// psql writes to /dev/null, at its fastest; one counted run first gives
 	// the stream's size (and warms the cache).
@@ -142,7 +133,8 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 
 // vsPgDump runs pg_dump -Fc -t bench to /dev/null and emit once each per
 // iteration, in alternating order, and reports the median and max of emit's
-// wall time over pg_dump's (the target is at most 1), and each one's rows/s.
+// wall time over pg_dump's (the target is at most 1), and each one's rows/s
+// (siphon_rows/s, reference_rows/s).
 func vsPgDump(b *testing.B, dsn string, rows int, devNull *os.File, emit func()) {
 	ctx := context.Background()
 	conn, err := pgdump.ParseDSN(dsn)
@@ -157,29 +149,11 @@ func vsPgDump(b *testing.B, dsn string, rows int, devNull *os.File, emit func())
 		require.NoError(b, cmd.Run(), stderr.String())
 		return time.Since(start)
 	}
-	timed := func() time.Duration {
+	sideBySide(b, "x_pg_dump", false, rows, func() time.Duration {
 		start := time.Now()
 		emit()
 		return time.Since(start)
-	}
-	var ratios []float64
-	var ours, theirs time.Duration
-	for i := 0; b.Loop(); i++ {
-		var o, t time.Duration
-		if i%2 == 0 {
-			o, t = timed(), dump()
-		} else {
-			t, o = dump(), timed()
-		}
-		ours, theirs = ours+o, theirs+t
-		ratios = append(ratios, o.Seconds()/t.Seconds())
-	}
-	sort.Float64s(ratios)
-	b.ReportMetric(ratios[len(ratios)/2], "x_pg_dump(median)")
-	b.ReportMetric(ratios[len(ratios)-1], "x_pg_dump(max)")
-	b.ReportMetric(float64(rows)*float64(b.N)/ours.Seconds(), "siphon_rows/s")
-	b.ReportMetric(float64(rows)*float64(b.N)/theirs.Seconds(), "pg_dump_rows/s")
-	b.ReportMetric(0, "ns/op")
+	}, dump)
 }
 
 // findPsql finds psql on PATH or beside the PostgreSQL server binaries.

@@ -15,27 +15,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/require"
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/siphontest"
 )
-
-// envInt reads a positive integer from the environment, or returns def.
-// envInt returns the positive integer the environment variable name holds,
-// or def when it is unset; another value fails the benchmark. Every
-// benchmark sizes its data set through it (SIPHON_BENCH_ROWS...).
-func envInt(tb testing.TB, name string, def int) int {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	n, err := strconv.Atoi(s)
-	require.NoError(tb, err, name)
-	require.Positive(tb, n, name)
-	return n
-}
 
 // pgRecvlogical finds the pg_recvlogical binary.
 func pgRecvlogical(tb testing.TB) string {
@@ -51,18 +35,18 @@ func pgRecvlogical(tb testing.TB) string {
 }
 
 // benchSource is a database with a pgoutput slot ("bench_src") in front of
-// a workload, and the position of the marker message that ends it.
+// a workload on the standard table, which ends with the marker message.
 type benchSource struct {
 	dsn    string
 	admin  *pgx.Conn
-	rows   int
+	work   benchWorkload
 	marker canonical.Position
 	seq    int
 }
 
-// newBenchSource loads rows rows into a fresh database, in transactions of
-// perTx rows, after creating the slot; the marker message comes last.
-func newBenchSource(b *testing.B, rows, perTx int) *benchSource {
+// newBenchSource creates the standard table in a fresh database, then the
+// slot, then runs the workload.
+func newBenchSource(b *testing.B, work benchWorkload) *benchSource {
 	b.Helper()
 	ctx := context.Background()
 	dsn := siphontest.Start(b).NewDatabase(b)
@@ -71,7 +55,7 @@ func newBenchSource(b *testing.B, rows, perTx int) *benchSource {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { admin.Close(ctx) })
-	mustExec(b, admin, `CREATE TABLE bench (id int8 PRIMARY KEY, name text, amount numeric(12,2), at timestamptz, flag bool)`)
+	mustExec(b, admin, benchTableDDL)
 	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot("bench_src"))
 	if err != nil {
 		b.Fatal(err)
@@ -80,31 +64,8 @@ func newBenchSource(b *testing.B, rows, perTx int) *benchSource {
 	if _, err := c.CurrentPosition(ctx); err != nil {
 		b.Fatal(err)
 	}
-	mustExec(b, admin, fmt.Sprintf(`DO $$
-		BEGIN
-			FOR lo IN 0..%[1]d - 1 BY %[2]d LOOP
-				INSERT INTO bench SELECT i, 'customer number ' || i, i * 1.25,
-					'2026-01-01 00:00:00+00'::timestamptz + i * interval '1 second', i %% 2 = 0
-				FROM generate_series(lo, least(lo + %[2]d, %[1]d) - 1) i;
-				COMMIT;
-			END LOOP;
-		END $$`, rows, perTx))
-	var lsn string
-	if err := admin.QueryRow(ctx, "SELECT pg_logical_emit_message(false, 'bench.end', '')::text").Scan(&lsn); err != nil {
-		b.Fatal(err)
-	}
-	marker, err := canonical.ParsePosition(lsn)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return &benchSource{dsn: dsn, admin: admin, rows: rows, marker: marker}
-}
-
-func mustExec(tb testing.TB, conn *pgx.Conn, sql string) {
-	tb.Helper()
-	if _, err := conn.Exec(context.Background(), sql); err != nil {
-		tb.Fatal(err)
-	}
+	marker := work.run(b, admin)
+	return &benchSource{dsn: dsn, admin: admin, work: work, marker: marker}
 }
 
 // copySlot makes a copy of the source slot (same restart and confirmed
@@ -118,9 +79,19 @@ func (s *benchSource) copySlot(b *testing.B) string {
 	return name
 }
 
+// streamRun is what one run of a tool on a copy of the slot measured: its
+// wall time, and where this machine can see them the time the server
+// backend decoding the slot (a walsender, or the session running the SQL
+// function) and the client spent on a CPU and waiting, runnable, for one.
+type streamRun struct {
+	took           time.Duration
+	server, client schedStat
+	serverKnown    bool
+}
+
 // siphon streams a copy of the slot to a no-op emit (values are decoded
-// all the same) until the marker.
-func (s *benchSource) siphon(b *testing.B, slot string) time.Duration {
+// all the same) until the marker, and checks every change arrived.
+func (s *benchSource) siphon(b *testing.B, slot string) streamRun {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -129,12 +100,18 @@ func (s *benchSource) siphon(b *testing.B, slot string) time.Duration {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	inserts := 0
+	var got benchWorkload
+	watch := s.watchBackend(slot)
+	client0 := selfSched()
 	began := time.Now()
 	_, err = c.StreamChanges(ctx, 0, func(ch canonical.Change) error {
 		switch ch.Op {
 		case canonical.OpInsert:
-			inserts++
+			got.inserts++
+		case canonical.OpUpdate:
+			got.updates++
+		case canonical.OpDelete:
+			got.deletes++
 		case canonical.OpMessage:
 			if ch.Message.Prefix == "bench.end" {
 				cancel()
@@ -142,19 +119,21 @@ func (s *benchSource) siphon(b *testing.B, slot string) time.Duration {
 		}
 		return nil
 	})
-	took := time.Since(began)
+	run := streamRun{took: time.Since(began), client: selfSched().minus(client0)}
+	run.server, run.serverKnown = watch()
 	if err != nil {
 		b.Fatal(err)
 	}
-	if inserts != s.rows {
-		b.Fatalf("streamed %d inserts, want %d", inserts, s.rows)
+	if got.inserts != s.work.inserts || got.updates != s.work.updates || got.deletes != s.work.deletes {
+		b.Fatalf("streamed %d inserts, %d updates, %d deletes; want %d, %d, %d",
+			got.inserts, got.updates, got.deletes, s.work.inserts, s.work.updates, s.work.deletes)
 	}
-	return took
+	return run
 }
 
 // recvlogical runs pg_recvlogical (pgoutput, output to /dev/null) on a copy
 // of the slot until the marker.
-func (s *benchSource) recvlogical(b *testing.B, slot string, binary bool) time.Duration {
+func (s *benchSource) recvlogical(b *testing.B, slot string, binary bool) streamRun {
 	b.Helper()
 	args := []string{"-d", s.dsn, "--slot", slot, "--start", "--no-loop", "-f", "/dev/null", "-F", "0",
 		"-o", "proto_version=1", "-o", "publication_names=siphon", "-o", "messages=true",
@@ -165,115 +144,222 @@ func (s *benchSource) recvlogical(b *testing.B, slot string, binary bool) time.D
 	cmd := exec.Command(pgRecvlogical(b), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	watch := s.watchBackend(slot)
 	began := time.Now()
-	if err := cmd.Run(); err != nil {
+	err := cmd.Run()
+	run := streamRun{took: time.Since(began)}
+	run.server, run.serverKnown = watch()
+	if err != nil {
 		b.Fatalf("pg_recvlogical: %v: %s", err, stderr.String())
 	}
-	return time.Since(began)
+	run.client.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	return run
 }
 
 // serverDecode has the server decode a copy of the slot by itself, with no
 // client in the way: SELECT count(*) over pg_logical_slot_peek_binary_changes
 // (pgoutput, the same options pg_recvlogical is given).
-func (s *benchSource) serverDecode(b *testing.B, slot string) time.Duration {
+func (s *benchSource) serverDecode(b *testing.B, slot string) streamRun {
 	b.Helper()
 	var n int
+	pid := int(s.admin.PgConn().PID())
+	sched0, known := procSched(pid)
 	began := time.Now()
 	err := s.admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
 		'proto_version', '1', 'publication_names', 'siphon', 'messages', 'true')`, slot).Scan(&n)
-	took := time.Since(began)
+	run := streamRun{took: time.Since(began)}
+	sched1, ok := procSched(pid)
+	run.server, run.serverKnown = sched1.minus(sched0), known && ok
 	if err != nil {
 		b.Fatal(err)
 	}
-	if n < s.rows {
-		b.Fatalf("server decoded %d messages, want at least %d", n, s.rows)
+	if n < s.work.changes() {
+		b.Fatalf("server decoded %d messages, want at least %d", n, s.work.changes())
 	}
-	return took
+	return run
+}
+
+// watchBackend samples the scheduler statistics of the backend that
+// serves slot (its active_pid) from the time it appears until the returned
+// function is called, which returns the last sample: the backend's times
+// since it started. ok is false when the backend was never seen, as with a
+// server on another machine.
+func (s *benchSource) watchBackend(slot string) func() (sched schedStat, ok bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var last schedStat
+	var seen bool
+	go func() {
+		defer close(done)
+		conn, err := pgx.Connect(ctx, s.dsn)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		pid := 0
+		for {
+			if pid == 0 {
+				var p *int32
+				if conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&p) == nil && p != nil {
+					pid = int(*p)
+				}
+			}
+			if pid != 0 {
+				if st, ok := procSched(pid); ok {
+					last, seen = st, true
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return func() (schedStat, bool) {
+		cancel()
+		<-done
+		return last, seen
+	}
+}
+
+// schedStat is the time a process or thread spent on a CPU, and runnable
+// but waiting for one (on a busy machine), from /proc/<pid>/schedstat.
+type schedStat struct{ cpu, wait time.Duration }
+
+func (a schedStat) minus(b schedStat) schedStat { return schedStat{a.cpu - b.cpu, a.wait - b.wait} }
+func (a schedStat) plus(b schedStat) schedStat  { return schedStat{a.cpu + b.cpu, a.wait + b.wait} }
+
+// readSchedStat reads one schedstat file: nanoseconds on a CPU,
+// nanoseconds waiting on a run queue, time slices.
+func readSchedStat(path string) (schedStat, bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return schedStat{}, false
+	}
+	var cpu, wait int64
+	if _, err := fmt.Sscan(string(data), &cpu, &wait); err != nil {
+		return schedStat{}, false
+	}
+	return schedStat{time.Duration(cpu), time.Duration(wait)}, true
+}
+
+// procSched reads a single-threaded process's schedstat (a backend's).
+func procSched(pid int) (schedStat, bool) {
+	return readSchedStat("/proc/" + strconv.Itoa(pid) + "/schedstat")
+}
+
+// selfSched sums the schedstat of every thread of this process.
+func selfSched() schedStat {
+	var sum schedStat
+	tasks, _ := filepath.Glob("/proc/self/task/*/schedstat")
+	for _, t := range tasks {
+		if st, ok := readSchedStat(t); ok {
+			sum.cpu += st.cpu
+			sum.wait += st.wait
+		}
+	}
+	return sum
 }
 
 // BenchmarkStreamChanges compares StreamChanges (no-op emit, every value
 // decoded into canonical text) with pg_recvlogical (pgoutput, to /dev/null)
-// on copies of the same slot over the same WAL, in one run; "ratio" runs
-// both on each iteration and reports the median speed ratio. The
-// pg_recvlogical_binary variant and "binary_gain" ask pgoutput for binary
-// values, to measure what binary mode would save on the server.
-// "server_decode" has the server decode a copy of the slot by itself
-// (count(*) over pg_logical_slot_peek_binary_changes), and
-// "server_decode_ratio" reports siphon's rows/s over that (target at least
-// 0.8): how much of the server's own decode rate reaches the callback.
-// SIPHON_BENCH_ROWS sets the row count (default 100000) and
-// SIPHON_BENCH_TX_ROWS the rows per transaction (default 100).
+// on copies of the same slot over the same WAL, in one run: the standard
+// stream workload (SIPHON_BENCH_ROWS inserts, a quarter as many updates, a
+// tenth as many deletes, SIPHON_BENCH_TX_ROWS changes per transaction).
+// Each tool's sub-benchmark reports changes/s, and where this machine can
+// see the processes, the time the decoding backend (the walsender, or the
+// session of server_decode) and the client spent on a CPU, as a share of
+// the wall time (server_cpu_pct, client_cpu_pct) and per change
+// (server_cpu_us/change, client_cpu_us/change), and the share of the wall
+// time they were runnable but waited for a core (server_runq_pct,
+// client_runq_pct; siphon only, for the client). A backend whose CPU and
+// run-queue shares add up to about 100% was never idle: it is the
+// bottleneck, and a client well below that was waiting for it. "ratio" runs both on each
+// iteration and reports the median speed ratio. The pg_recvlogical_binary
+// variant and "binary_gain" ask pgoutput for binary values, to measure what
+// binary mode would save on the server. "server_decode" has the server
+// decode a copy of the slot by itself (count(*) over
+// pg_logical_slot_peek_binary_changes), and "server_decode_ratio" reports
+// siphon's speed over that (target at least 0.8): how much of the server's
+// own decode rate reaches the callback.
 func BenchmarkStreamChanges(b *testing.B) {
-	rows := envInt(b, "SIPHON_BENCH_ROWS", 100_000)
-	src := newBenchSource(b, rows, envInt(b, "SIPHON_BENCH_TX_ROWS", 100))
+	src := newBenchSource(b, standardWorkload(b))
+	changes := float64(src.work.changes())
 	// each runs one tool per iteration on a fresh copy of the slot and
-	// reports its rows/s.
-	each := func(run func(b *testing.B, slot string) time.Duration) func(b *testing.B) {
+	// reports its changes/s and CPU shares.
+	each := func(run func(b *testing.B, slot string) streamRun) func(b *testing.B) {
 		return func(b *testing.B) {
-			var total time.Duration
+			var total streamRun
 			for b.Loop() {
 				b.StopTimer()
 				slot := src.copySlot(b)
 				b.StartTimer()
-				total += run(b, slot)
+				r := run(b, slot)
+				total.took += r.took
+				total.server = total.server.plus(r.server)
+				total.client = total.client.plus(r.client)
+				total.serverKnown = r.serverKnown
 			}
-			b.ReportMetric(float64(rows)*float64(b.N)/total.Seconds(), "rows/s")
+			n := changes * float64(b.N)
+			b.ReportMetric(n/total.took.Seconds(), "changes/s")
+			share := func(d time.Duration) float64 { return 100 * d.Seconds() / total.took.Seconds() }
+			if total.serverKnown {
+				b.ReportMetric(share(total.server.cpu), "server_cpu_pct")
+				b.ReportMetric(share(total.server.wait), "server_runq_pct")
+				b.ReportMetric(1e6*total.server.cpu.Seconds()/n, "server_cpu_us/change")
+			}
+			if total.client.cpu > 0 {
+				b.ReportMetric(share(total.client.cpu), "client_cpu_pct")
+				b.ReportMetric(1e6*total.client.cpu.Seconds()/n, "client_cpu_us/change")
+			}
+			if total.client.wait > 0 {
+				b.ReportMetric(share(total.client.wait), "client_runq_pct")
+			}
 			b.ReportMetric(0, "ns/op")
 		}
 	}
-	b.Run("siphon", each(src.siphon))
-	b.Run("pg_recvlogical", each(func(b *testing.B, slot string) time.Duration { return src.recvlogical(b, slot, false) }))
-	b.Run("pg_recvlogical_binary", each(func(b *testing.B, slot string) time.Duration { return src.recvlogical(b, slot, true) }))
+	siphonRun := func(b *testing.B, slot string) streamRun { return src.siphon(b, slot) }
+	textRun := func(b *testing.B, slot string) streamRun { return src.recvlogical(b, slot, false) }
+	binaryRun := func(b *testing.B, slot string) streamRun { return src.recvlogical(b, slot, true) }
+	b.Run("siphon", each(siphonRun))
+	b.Run("pg_recvlogical", each(textRun))
+	b.Run("pg_recvlogical_binary", each(binaryRun))
 	b.Run("server_decode", each(src.serverDecode))
 	// Both on each iteration, in alternating order: the median of the
 	// per-iteration ratios holds on a noisy machine.
-	b.Run("ratio", func(b *testing.B) {
-		pairedRatio(b, "x_pg_recvlogical", func(slot string) time.Duration { return src.recvlogical(b, slot, false) },
-			func(slot string) time.Duration { return src.siphon(b, slot) }, src.copySlot)
-	})
+	b.Run("ratio", func(b *testing.B) { pairedRatio(b, "x_pg_recvlogical", textRun, siphonRun, src.copySlot) })
 	b.Run("server_decode_ratio", func(b *testing.B) {
-		pairedRatio(b, "x_server_decode", func(slot string) time.Duration { return src.serverDecode(b, slot) },
-			func(slot string) time.Duration { return src.siphon(b, slot) }, src.copySlot)
+		pairedRatio(b, "x_server_decode", src.serverDecode, siphonRun, src.copySlot)
 	})
 	// What binary mode would save the walsender: pg_recvlogical in text
 	// mode over pg_recvlogical in binary mode.
-	b.Run("binary_gain", func(b *testing.B) {
-		pairedRatio(b, "x_text", func(slot string) time.Duration { return src.recvlogical(b, slot, false) },
-			func(slot string) time.Duration { return src.recvlogical(b, slot, true) }, src.copySlot)
-	})
+	b.Run("binary_gain", func(b *testing.B) { pairedRatio(b, "x_text", textRun, binaryRun, src.copySlot) })
 }
 
-// pairedRatio runs reference and contender once each per iteration, each on
-// a fresh copy of the slot, in alternating order, and reports the median
-// (and lowest) of reference time / contender time: above 1, the contender
-// is faster.
-func pairedRatio(b *testing.B, unit string, reference, contender func(slot string) time.Duration, copySlot func(*testing.B) string) {
-	var ratios []float64
-	for i := 0; b.Loop(); i++ {
-		b.StopTimer()
-		r, c := copySlot(b), copySlot(b)
-		b.StartTimer()
-		var ref, con time.Duration
-		if i%2 == 0 {
-			ref, con = reference(r), contender(c)
-		} else {
-			con, ref = contender(c), reference(r)
+// pairedRatio runs reference and contender side by side, each on a fresh
+// copy of the slot (made off the timer), and reports the median and the
+// lowest of the contender's speed over the reference's as unit: above 1,
+// the contender is faster.
+func pairedRatio(b *testing.B, unit string, reference, contender func(b *testing.B, slot string) streamRun, copySlot func(*testing.B) string) {
+	onCopy := func(run func(b *testing.B, slot string) streamRun) func() time.Duration {
+		return func() time.Duration {
+			b.StopTimer()
+			slot := copySlot(b)
+			b.StartTimer()
+			return run(b, slot).took
 		}
-		ratios = append(ratios, ref.Seconds()/con.Seconds())
 	}
-	sort.Float64s(ratios)
-	b.ReportMetric(ratios[len(ratios)/2], unit+"(median)")
-	b.ReportMetric(ratios[0], unit+"(min)")
-	b.ReportMetric(0, "ns/op")
+	sideBySide(b, unit, true, 0, onCopy(contender), onCopy(reference))
 }
 
 // BenchmarkStreamHugeTransactionRSS streams one transaction of
-// SIPHON_BENCH_HUGE_ROWS rows (default 200000; the target is 2000000 in
-// 64 MiB) in a child process that reports its own peak RSS (VmHWM), so
-// the figure is the stream's alone.
+// SIPHON_BENCH_HUGE_ROWS rows of the standard table (default 200000; the
+// target is 2000000 in 64 MiB) in a child process that reports its own
+// peak RSS (VmHWM), so the figure is the stream's alone.
 func BenchmarkStreamHugeTransactionRSS(b *testing.B) {
-	rows := envInt(b, "SIPHON_BENCH_HUGE_ROWS", 200_000)
-	src := newBenchSource(b, rows, rows)
+	src := newBenchSource(b, hugeTransaction(b))
+	rows := src.work.inserts
 	for b.Loop() {
 		b.StopTimer()
 		slot := src.copySlot(b)
