@@ -103,9 +103,10 @@ func TestKillSnapshotCopyAtRandomPointsResumes(t *testing.T) {
 	load := startCopyKillWorkload(t, srcDSN)
 	landed := map[string]int{}
 	var skipped, recopied, midTable int64
-	// Each round advances the copy by a few checkpoints at most, so that
-	// every kill lands before the copy completes.
-	maxCommits := max(2, 200/rounds)
+	// Each round advances the copy by a few checkpoints at most (of about
+	// 250 a whole copy commits), so that every kill lands before the copy
+	// completes, for up to about 120 rounds.
+	maxCommits := max(1, 120/rounds)
 	for i := range rounds {
 		state := readCopyState(t, tgtConn)
 		if state.partial() {
@@ -219,11 +220,12 @@ func (s copyState) summary() string {
 	return strings.Join(parts, ", ")
 }
 
-// runKilledCopyChild starts the copy child and SIGKILLs it: in one round of
-// four after a random delay from its start (while it connects, takes its
-// snapshot or starts copying), otherwise a random moment after its k-th
-// checkpoint commit, k up to maxCommits. It returns what the child
-// reported; a child that exits by itself fails the test.
+// runKilledCopyChild starts the copy child and SIGKILLs it a random moment
+// (up to 10 ms) after its k-th checkpoint commit, k up to maxCommits, or,
+// in one round of four, after a random delay from its start (while it
+// connects, takes its snapshot or starts copying) if that comes first. It
+// returns what the child reported; a child that exits by itself fails the
+// test.
 func runKilledCopyChild(t *testing.T, env []string, maxCommits int) string {
 	t.Helper()
 	cmd := childCmd("copy-resume", env...)
@@ -255,18 +257,22 @@ func runKilledCopyChild(t *testing.T, env []string, maxCommits int) string {
 		<-read
 		exited <- cmd.Wait()
 	}()
-	var killAt <-chan time.Time
+	var early <-chan time.Time // nil: never
 	if rand.IntN(4) == 0 {
-		killAt = time.After(rand.N(300 * time.Millisecond))
-	} else {
-		for range 1 + rand.IntN(maxCommits) {
-			select {
-			case <-commits:
-			case err := <-exited:
-				t.Fatalf("copy child exited before it was killed: %v\nstdout: %s\nstderr: %s", err, out.String(), stderr.String())
+		early = time.After(rand.N(300 * time.Millisecond))
+	}
+	var killAt <-chan time.Time
+	for n := 1 + rand.IntN(maxCommits); killAt == nil; {
+		select {
+		case <-commits:
+			if n--; n == 0 {
+				killAt = time.After(rand.N(10 * time.Millisecond))
 			}
+		case <-early:
+			killAt = time.After(0)
+		case err := <-exited:
+			t.Fatalf("copy child exited before it was killed: %v\nstdout: %s\nstderr: %s", err, out.String(), stderr.String())
 		}
-		killAt = time.After(rand.N(10 * time.Millisecond))
 	}
 	select {
 	case err := <-exited:
