@@ -27,7 +27,8 @@ import (
 // bench TO STDOUT (FORMAT binary)" to /dev/null. Each iteration runs the
 // reference too (off the timer), right before the contender, so the ratio
 // x-psql (the contender's speed as a multiple of psql's; above 1 is faster)
-// holds on a machine whose load changes. The psql sub-benchmark gives the
+// holds on a machine whose load changes; client_cpu_us/row is the CPU time
+// siphon's process spent per row. The psql sub-benchmark gives the
 // reference's own figures. vs_pg_dump runs EmitCanonical and pg_dump -Fc -t
 // bench (to /dev/null) in each iteration, alternating, and reports
 // EmitCanonical's wall time over pg_dump's (x_pg_dump; the target is at
@@ -64,7 +65,7 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 	measure := func(b *testing.B, reference bool, run func()) {
 		b.SetBytes(copyBytes)
 		b.ReportAllocs()
-		var ours, theirs time.Duration
+		var ours, theirs, cpu time.Duration
 		for b.Loop() {
 			if reference {
 				b.StopTimer()
@@ -73,13 +74,18 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 				theirs += time.Since(start)
 				b.StartTimer()
 			}
-			start := time.Now()
+			start, sched := time.Now(), selfSched()
 			run()
 			ours += time.Since(start)
+			cpu += selfSched().minus(sched).cpu
 		}
-		b.ReportMetric(float64(rows)*float64(b.N)/ours.Seconds(), "rows/s")
+		n := float64(rows) * float64(b.N)
+		b.ReportMetric(n/ours.Seconds(), "rows/s")
 		if reference {
 			b.ReportMetric(theirs.Seconds()/ours.Seconds(), "x-psql")
+			// siphon's own CPU time (every thread of this process): what
+			// the copy costs the client, whatever the machine's load.
+			b.ReportMetric(1e6*cpu.Seconds()/n, "client_cpu_us/row")
 		}
 	}
 
