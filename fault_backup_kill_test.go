@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -398,8 +399,8 @@ const (
 
 // TestKillRestoreLeavesNothing runs Restore in a child process and
 // SIGKILLs it N times (SIPHON_RESTORE_KILL_ROUNDS, default 4): while it
-// spools the backup's body to TempDir, or at a random moment while
-// pg_restore runs, with one job or two. After each kill no pg_restore
+// spools the backup's body to TempDir, or while pg_restore loads a table,
+// once a random number of its rows are in, with one job or two. After each kill no pg_restore
 // process and no session is left, and the next Restore (into a fresh
 // database: the killed one holds part of the data) succeeds, gives the
 // source's data, and leaves TempDir empty, the killed run's spooled body
@@ -434,33 +435,12 @@ func TestKillRestoreLeavesNothing(t *testing.T) {
 		require.NoError(t, cmd.Start())
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
-		// Killed once the body is being spooled, or a random moment
-		// after pg_restore started.
+		// Killed once the body is being spooled, or once a COPY of
+		// pg_restore's has loaded a random number of a table's rows.
 		began := time.Now()
-		var where string
-		require.Eventually(t, func() bool {
-			switch {
-			case len(exited) > 0:
-				return true
-			case spooling && len(dirNames(t, temp)) > 0:
-				where = "while spooling"
-			case len(programProcesses("pg_restore", database)) > 0:
-				where = "while pg_restore ran"
-			default:
-				return false
-			}
-			return true
-		}, 30*time.Second, time.Millisecond)
-		var delay <-chan time.Time
-		if where == "while pg_restore ran" {
-			delay = time.After(rand.N(300 * time.Millisecond))
-		} else {
-			delay = time.After(0)
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("the restore child exited before it was killed: %v\nstderr: %s", err, stderr.String())
-		case <-delay:
+		where := restoreKillPoint(t, dst, temp, spooling, 1+rand.Int64N(120000), exited)
+		if len(exited) > 0 {
+			t.Fatalf("the restore child exited before it was killed: %v\nstderr: %s", <-exited, stderr.String())
 		}
 		require.NoError(t, cmd.Process.Kill())
 		<-exited
@@ -483,6 +463,31 @@ func TestKillRestoreLeavesNothing(t *testing.T) {
 		t.Logf("round %d (%d jobs): killed %s, %v after the start; pg_restore gone %v after the kill; left in TempDir until the next restore: %v",
 			i+1, jobs, where, killed.Sub(began).Round(time.Millisecond), gone.Round(time.Millisecond), left)
 	}
+}
+
+// restoreKillPoint waits until the restore child is spooling the body
+// into temp, or (not spooling) until one of pg_restore's COPY commands in
+// the target has loaded rows rows, or the child exited, and says where it
+// stands.
+func restoreKillPoint(t *testing.T, dst *pgx.Conn, temp string, spooling bool, rows int64, exited chan error) string {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && len(exited) == 0; time.Sleep(time.Millisecond) {
+		if spooling {
+			if entries, _ := os.ReadDir(temp); len(entries) > 0 {
+				return "while spooling"
+			}
+			continue
+		}
+		var copied int64
+		err := dst.QueryRow(context.Background(), `SELECT coalesce(max(tuples_processed), 0) FROM pg_stat_progress_copy
+			WHERE datname = current_database()`).Scan(&copied)
+		require.NoError(t, err)
+		if copied >= rows {
+			return fmt.Sprintf("mid-COPY, %d rows into a table", copied)
+		}
+	}
+	require.NotZero(t, len(exited), "the restore child neither spooled nor copied within 30 s")
+	return "after it exited"
 }
 
 func init() { childModes["restore-kill"] = restoreKillChild }
