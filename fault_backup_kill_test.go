@@ -78,8 +78,8 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 		`CREATE ROLE kb_dumper LOGIN SUPERUSER PASSWORD 'kb secret: 7'`,
 		`CREATE TABLE kb_a (id int8 PRIMARY KEY, body text, n int)`,
 		`CREATE TABLE kb_b (id int8 PRIMARY KEY, body text, n int)`,
-		`INSERT INTO kb_a SELECT i, md5(i::text) || md5((i + 1)::text), i % 97 FROM generate_series(1, 150000) i`,
-		`INSERT INTO kb_b SELECT i, md5(i::text), i % 89 FROM generate_series(1, 150000) i`)
+		`INSERT INTO kb_a SELECT i, md5(i::text) || md5((i + 1)::text), i % 97 FROM generate_series(1, 200000) i`,
+		`INSERT INTO kb_b SELECT i, md5(i::text), i % 89 FROM generate_series(1, 200000) i`)
 	u, err := url.Parse(adminDSN)
 	require.NoError(t, err)
 	u.User = url.UserPassword("kb_dumper", "kb secret: 7")
