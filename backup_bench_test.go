@@ -18,14 +18,6 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
-// countingDiscard counts what it is given.
-type countingDiscard struct{ n int64 }
-
-func (c *countingDiscard) Write(p []byte) (int, error) {
-	c.n += int64(len(p))
-	return len(p), nil
-}
-
 // backupBench is a database loaded with rows rows, and a Conn on it.
 type backupBench struct {
 	c      *siphon.Conn
@@ -65,12 +57,12 @@ func newBackupBench(b *testing.B) *backupBench {
 
 // backup runs Backup to a counting sink and returns its wall time and size.
 func (bb *backupBench) backup(b *testing.B) (time.Duration, int64) {
-	var out countingDiscard
+	var out countingWriter
 	began := time.Now()
 	if err := bb.c.Backup(context.Background(), siphon.BackupOptions{}, &out); err != nil {
 		b.Fatal(err)
 	}
-	return time.Since(began), out.n
+	return time.Since(began), int64(out)
 }
 
 // pgTool prepares a PostgreSQL client program on conn's database: the
@@ -86,14 +78,14 @@ func pgTool(path string, conn pgdump.Conn, args ...string) *exec.Cmd {
 // pgDumpFc runs plain pg_dump -Fc, the same binary, to a counting sink.
 func (bb *backupBench) pgDumpFc(b *testing.B) (time.Duration, int64) {
 	cmd := pgTool(bb.pgDump.Path, bb.conn, "-Fc", "--no-password")
-	var out countingDiscard
+	var out countingWriter
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	began := time.Now()
 	if err := cmd.Run(); err != nil {
 		b.Fatalf("pg_dump: %v: %s", err, stderr.String())
 	}
-	return time.Since(began), out.n
+	return time.Since(began), int64(out)
 }
 
 // BenchmarkBackup compares Backup (slot with exported snapshot, pg_dump

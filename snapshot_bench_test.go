@@ -174,6 +174,7 @@ func findPsql(tb testing.TB) string {
 	return found[len(found)-1]
 }
 
+// countingWriter counts the bytes written to it, and discards them.
 type countingWriter int64
 
 func (w *countingWriter) Write(p []byte) (int, error) {
