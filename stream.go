@@ -553,7 +553,7 @@ func isInterruption(err error) bool {
 	}
 	var netErr net.Error
 	var connectErr *pgconn.ConnectError
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errServerEndedStream) ||
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errServerEndedStream) || errors.Is(err, errServerStopping) ||
 		errors.As(err, &netErr) || errors.As(err, &connectErr)
 }
 

@@ -32,6 +32,26 @@ const (
 
 var errServerEndedStream = errors.New("the server ended the replication stream")
 
+// errServerStopping: the walsender is stopping (the server shuts down) and
+// waits for a confirmation siphon cannot give; see stoppingPings.
+var errServerStopping = errors.New("the server is shutting down")
+
+// A stopping walsender (fast or smart shutdown) sends what it has, then
+// asks for a reply again and again, right after each one, and exits only
+// once the client confirms the last position it sent. PostgreSQL's own
+// clients confirm it when idle; siphon confirms only transaction ends and
+// heartbeats, and no heartbeat can be written while the server shuts
+// down, so the walsender would hold the shutdown forever. stoppingPings
+// reply requests in a row for a position past the acknowledged one, each
+// within stoppingPingGap of the previous, end the stream instead: it is
+// interrupted, and the walsender exits when the session closes. Outside a
+// shutdown the walsender asks for a reply only after wal_sender_timeout/2
+// without one, and siphon replies more often than that.
+const (
+	stoppingPings   = 3
+	stoppingPingGap = 500 * time.Millisecond
+)
+
 type itemKind uint8
 
 const (
@@ -70,6 +90,9 @@ type wire struct {
 	nextStatus time.Time
 	nextProbe  time.Time
 	deadline   time.Time
+
+	pings    int       // reply requests in a row past the acknowledged position
+	lastPing time.Time // when the last one came
 }
 
 func (w *wire) run() {
@@ -189,6 +212,9 @@ func (w *wire) copyData(data []byte) error {
 			return err
 		}
 		if ka.ReplyRequested {
+			if w.stopping(canonical.Position(ka.ServerWALEnd)) {
+				return errServerStopping
+			}
 			if err := w.sendStatus(false); err != nil {
 				return err
 			}
@@ -215,6 +241,22 @@ func (w *wire) copyData(data []byte) error {
 		}
 	}
 	return nil
+}
+
+// stopping counts a reply request for walEnd and reports whether it makes
+// stoppingPings in a row (see stoppingPings).
+func (w *wire) stopping(walEnd canonical.Position) bool {
+	now := time.Now()
+	switch {
+	case walEnd <= canonical.Position(w.acked.Load()):
+		w.pings = 0 // the reply confirms it: the walsender can exit
+	case w.pings > 0 && now.Sub(w.lastPing) < stoppingPingGap:
+		w.pings++
+	default:
+		w.pings = 1
+	}
+	w.lastPing = now
+	return w.pings >= stoppingPings
 }
 
 // endsBatch reports whether a change ends a batch when the reader cannot

@@ -1,0 +1,478 @@
+package siphon_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/siphontest"
+)
+
+// TestSourceRestartMidStreamLosesNothing runs the change data capture loop
+// of the fault test (StreamChanges into ConsumeCanonical, acknowledging a
+// transaction once the target holds it) in this process, while a workload
+// commits on the source, and restarts the source server (a fast shutdown,
+// as pg_ctl restart -m fast) at different moments: while emit holds a
+// transaction's Begin, while it holds a commit the target applied but the
+// slot was not told of, and at a random moment. Each restart must reach the
+// loop as a retryable *StreamInterruptedError; the loop resumes from the
+// target's applied Position on the same siphon.Conn, the workload
+// reconnects, and in the end the target holds exactly the source's data,
+// every transaction applied once, with nothing left behind.
+func TestSourceRestartMidStreamLosesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rounds := envInt(t, "SIPHON_RESTART_ROUNDS", 2)
+	srv := siphontest.Start(t, siphontest.WithPrivateServer())
+	if srv.Source() != "local" {
+		t.Skipf("siphontest restarts only the servers it runs itself, not %s ones", srv.Source())
+	}
+	// The target lives on another server: only the source restarts.
+	srcDSN := srv.NewDatabase(t)
+	tgtDSN, tgtConn := newDatabase(t)
+	srcConn := connectOrFail(t, srcDSN)
+	execSQL(t, srcConn, faultDDL...)
+	execSQL(t, tgtConn, faultDDL...)
+	slot := streamSlot(t)
+	var systemID string
+	require.NoError(t, srcConn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&systemID))
+	srcConn.Close(ctx) // broken by the first restart anyway
+	t.Cleanup(func() {
+		c, err := siphon.Connect(ctx, tgtDSN)
+		if assert.NoError(t, err) {
+			assert.NoError(t, c.ResetAppliedPosition(ctx, systemID, slot))
+			c.Close()
+		}
+	})
+
+	src, err := siphon.Connect(ctx, srcDSN, siphon.WithSlot(slot))
+	require.NoError(t, err)
+	defer src.Close()
+	tgt, err := siphon.Connect(ctx, tgtDSN)
+	require.NoError(t, err)
+	defer tgt.Close()
+	_, err = src.CurrentPosition(ctx) // the slot holds every transaction from here
+	require.NoError(t, err)
+
+	began := time.Now()
+	load := startRestartWorkload(t, srcDSN)
+	progress := &heldProgress{}
+	loop := startRestartLoop(ctx, src, tgt, systemID, slot, progress)
+
+	restarts, held := 0, 0
+	for range rounds {
+		for _, moment := range []string{markBegin, markCommit, ""} {
+			// Let the loop apply something since the previous restart.
+			awaitAppliedCount(t, progress, progress.applied.Load()+20, loop)
+			if moment == "" {
+				time.Sleep(rand.N(200 * time.Millisecond)) // a random moment, on purpose
+				require.NoError(t, srv.Restart(ctx))
+			} else {
+				restartWhileHeld(t, srv, progress, moment, loop)
+				held++
+			}
+			restarts++
+		}
+	}
+	awaitAppliedCount(t, progress, progress.applied.Load()+20, loop)
+	require.NoError(t, load.stop())
+
+	srcConn = connectOrFail(t, srcDSN)
+	var endLSN string
+	require.NoError(t, srcConn.QueryRow(ctx, `
+		WITH r AS (INSERT INTO fault_accounts VALUES (-1, 0, 'end') RETURNING 1)
+		SELECT pg_logical_emit_message(true, $1, 'end')::text FROM r`, faultEndPrefix).Scan(&endLSN))
+	res := loop.wait(t)
+	t.Logf("%d restarts survived (%d with emit holding a transaction), %d interruptions seen by the loop, "+
+		"%d transactions applied, %d source transactions committed (%d failed and were not retried, %d workload reconnections), %v",
+		restarts, held, res.interrupted, progress.applied.Load(), load.committed, load.failed, load.reconnects,
+		time.Since(began).Round(time.Millisecond))
+
+	assert.GreaterOrEqual(t, res.interrupted, held, "every restart while emit held the stream reached the loop as ErrStreamInterrupted")
+	applied, err := tgt.AppliedPositionFor(ctx, systemID, slot)
+	require.NoError(t, err)
+	assert.Equal(t, res.end, applied, "the target stands at the source's last commit")
+	msgLSN, err := canonical.ParsePosition(endLSN)
+	require.NoError(t, err)
+	assert.Greater(t, applied, msgLSN, "the last commit ends after its message")
+	for _, table := range []string{"fault_events", "fault_accounts"} {
+		assert.Equal(t, digestOf(t, srcConn, table), digestOf(t, tgtConn, table), table)
+	}
+	var events int64
+	require.NoError(t, srcConn.QueryRow(ctx, "SELECT count(*) FROM fault_events").Scan(&events))
+	assert.GreaterOrEqual(t, events, load.events, "every event the workload saw committed is on the source")
+	assert.LessOrEqual(t, events, load.events+load.unsureEvents, "and no other but those of unanswered commits")
+	assert.Equal(t, [][]*string(nil), rawRows(t, tgtConn,
+		"SELECT seq::text, count(*)::text FROM fault_events GROUP BY seq HAVING count(*) > 1 ORDER BY seq LIMIT 10"),
+		"no source transaction applied twice")
+	require.NoError(t, src.Close())
+	require.NoError(t, tgt.Close())
+	assertNoLeaks(t, srcDSN, slot)
+}
+
+// TestSourceFastShutdownWithIdleStream restarts the source while a stream
+// is idle after its last transaction and a session holds a transaction
+// open: the shutdown ends that transaction, so the walsender's last WAL
+// record is past the last commit, a position siphon does not confirm. The
+// restart must still be fast (the walsender waits for a confirmation before
+// it exits), and the stream must end with a retryable error from which it
+// resumes with nothing lost or repeated.
+func TestSourceFastShutdownWithIdleStream(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := siphontest.Start(t, siphontest.WithPrivateServer())
+	if srv.Source() != "local" {
+		t.Skipf("siphontest restarts only the servers it runs itself, not %s ones", srv.Source())
+	}
+	dsn := srv.NewDatabase(t)
+	admin := connectOrFail(t, dsn)
+	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
+	c, slot := streamConn(t, dsn)
+	from, err := c.CurrentPosition(ctx)
+	require.NoError(t, err)
+	execSQL(t, admin, "INSERT INTO t VALUES (1)")
+
+	commits := make(chan canonical.Position, 10)
+	streamed := make(chan error, 1)
+	go func() {
+		_, err := c.StreamChanges(ctx, from, func(ch canonical.Change) error {
+			if ch.Op == canonical.OpCommit {
+				commits <- ch.Position
+			}
+			return nil
+		})
+		streamed <- err
+	}()
+	first := <-commits
+	execSQL(t, admin, "BEGIN", "INSERT INTO t VALUES (2)") // ended by the shutdown
+
+	restartCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	began := time.Now()
+	require.NoError(t, srv.Restart(restartCtx), "the stream does not hold the shutdown")
+	t.Logf("restart with an idle stream: %v", time.Since(began).Round(time.Millisecond))
+	var intr *siphon.StreamInterruptedError
+	select {
+	case err := <-streamed:
+		require.ErrorAs(t, err, &intr)
+		assert.ErrorIs(t, err, siphon.ErrStreamInterrupted)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream did not end when its server restarted")
+	}
+	assert.Equal(t, first, intr.Position, "resume from the last transaction handled")
+
+	admin = connectOrFail(t, dsn)
+	execSQL(t, admin, "INSERT INTO t VALUES (3)")
+	var rows []string
+	runCtx, stop := context.WithCancel(ctx)
+	_, err = c.StreamChanges(runCtx, intr.Position, func(ch canonical.Change) error {
+		if ch.Op == canonical.OpInsert {
+			rows = append(rows, ch.New[0].String())
+		}
+		if ch.Op == canonical.OpCommit {
+			stop()
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"3"}, rows, "the resumed stream holds the later transaction alone")
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot)
+}
+
+// restartWhileHeld restarts srv while the loop's emit is held at the next
+// progress mark of kind. The walsender of a fast shutdown waits until the
+// client confirms what it was sent, so emit is released once the shutdown
+// is under way (the server refuses new sessions), not after the restart.
+func restartWhileHeld(t *testing.T, srv *siphontest.Server, progress *heldProgress, kind string, loop *restartLoop) {
+	t.Helper()
+	hit, release := progress.holdAt(kind)
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	select {
+	case <-hit:
+	case <-loop.done:
+		t.Fatalf("the loop ended before a %q mark: %v", kind, loop.err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no %q mark within 30 s", kind)
+	}
+	restarted := make(chan error, 1)
+	go func() { restarted <- srv.Restart(context.Background()) }()
+	require.Eventually(t, func() bool { return !accepts(srv.DSN()) }, 30*time.Second, time.Millisecond,
+		"the server refuses sessions once it shuts down")
+	close(release)
+	released = true
+	select {
+	case err := <-restarted:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("the restart did not end within a minute")
+	}
+}
+
+// accepts reports whether the server takes a new session.
+func accepts(dsn string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return false
+	}
+	conn.Close(ctx)
+	return true
+}
+
+// awaitAppliedCount waits until the loop has applied n transactions.
+func awaitAppliedCount(t *testing.T, progress *heldProgress, n int64, loop *restartLoop) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for progress.applied.Load() < n {
+		select {
+		case <-loop.done:
+			t.Fatalf("the loop ended after %d transactions: %v", progress.applied.Load(), loop.err)
+		case <-deadline:
+			t.Fatalf("the loop applied %d transactions, not %d, within 30 s", progress.applied.Load(), n)
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// heldProgress is the progress writer of captureOnce: it counts the
+// transactions applied and, when asked, holds the stream (emit) at the next
+// mark of a kind until released.
+type heldProgress struct {
+	applied atomic.Int64
+
+	mu      sync.Mutex
+	kind    string // the mark to hold at, "" for none
+	hit     chan struct{}
+	release chan struct{}
+}
+
+// holdAt makes the stream stop at the next mark of kind: hit is closed when
+// it does, and it goes on once release is closed.
+func (p *heldProgress) holdAt(kind string) (hit chan struct{}, release chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.kind, p.hit, p.release = kind, make(chan struct{}), make(chan struct{})
+	return p.hit, p.release
+}
+
+// Write takes one mark line (captureOnce writes each with one Fprintln).
+func (p *heldProgress) Write(b []byte) (int, error) {
+	kind, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	if kind == markCommit {
+		p.applied.Add(1)
+	}
+	p.mu.Lock()
+	if p.kind == "" || kind != p.kind {
+		p.mu.Unlock()
+		return len(b), nil
+	}
+	p.kind = ""
+	hit, release := p.hit, p.release
+	p.mu.Unlock()
+	close(hit)
+	<-release
+	return len(b), nil
+}
+
+// restartLoop runs captureOnce until the end message is applied, retrying
+// the errors a restart may cause.
+type restartLoop struct {
+	done chan struct{}
+	err  error
+	res  restartLoopResult
+}
+
+type restartLoopResult struct {
+	end         canonical.Position
+	interrupted int // ErrStreamInterrupted errors retried
+}
+
+func startRestartLoop(ctx context.Context, src, tgt *siphon.Conn, systemID, slot string, progress *heldProgress) *restartLoop {
+	l := &restartLoop{done: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	go func() {
+		defer close(l.done)
+		defer cancel()
+		l.res, l.err = l.run(ctx, src, tgt, systemID, slot, progress)
+	}()
+	return l
+}
+
+func (l *restartLoop) run(ctx context.Context, src, tgt *siphon.Conn, systemID, slot string, progress *heldProgress) (restartLoopResult, error) {
+	var res restartLoopResult
+	for {
+		end, err := captureOnce(ctx, src, tgt, systemID, slot, progress)
+		if err == nil {
+			res.end = end
+			return res, nil
+		}
+		var intr *siphon.StreamInterruptedError
+		switch {
+		case errors.As(err, &intr):
+			res.interrupted++
+			// The target may be past the slot's acknowledgement, never behind it.
+			applied, aerr := tgt.AppliedPositionFor(ctx, systemID, slot)
+			if aerr == nil && intr.Position > applied {
+				return res, fmt.Errorf("interrupted at %v, ahead of the target's %v: %w", intr.Position, applied, err)
+			}
+		case errors.Is(err, siphon.ErrSlotInUse), errors.Is(err, siphon.ErrApplyInProgress):
+		default:
+			return res, fmt.Errorf("not a retryable error: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return res, fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// wait returns the loop's result once it has applied the end message.
+func (l *restartLoop) wait(t *testing.T) restartLoopResult {
+	t.Helper()
+	select {
+	case <-l.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the loop did not apply the end message within a minute")
+	}
+	require.NoError(t, l.err)
+	return l.res
+}
+
+// restartWorkload commits small transactions on the source until stopped,
+// as faultWorkload does, but reconnects when the server goes away. A
+// transaction whose COMMIT got no answer may or may not have committed: its
+// sequence numbers and account id are never used again, so the source
+// never holds an event twice and no insert collides.
+type restartWorkload struct {
+	dsn  string
+	halt chan struct{}
+	done chan struct{}
+	err  error
+	// Read after stop.
+	committed, failed, reconnects int
+	events                        int64 // events of the committed transactions
+	unsureEvents                  int64 // events of those whose COMMIT got no answer
+	seq, nextID                   int64
+	ids                           []int64
+}
+
+func startRestartWorkload(t *testing.T, dsn string) *restartWorkload {
+	t.Helper()
+	w := &restartWorkload{dsn: dsn, halt: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.err = w.run()
+	}()
+	t.Cleanup(func() { _ = w.stop() })
+	return w
+}
+
+// stop ends the workload after its transaction in progress and returns its
+// error. It may be called twice.
+func (w *restartWorkload) stop() error {
+	select {
+	case <-w.halt:
+	default:
+		close(w.halt)
+	}
+	<-w.done
+	return w.err
+}
+
+func (w *restartWorkload) run() error {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 2))
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.halt:
+			return nil
+		case <-tick.C:
+		}
+		if conn == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			c, err := pgx.Connect(ctx, w.dsn)
+			cancel()
+			if err != nil {
+				continue // restarting: try again on the next tick
+			}
+			conn = c
+			w.reconnects++
+		}
+		sql, events := w.next(rng)
+		if _, err := conn.Exec(context.Background(), sql); err != nil {
+			if !conn.IsClosed() {
+				return fmt.Errorf("workload: %w", err)
+			}
+			conn, w.failed, w.unsureEvents = nil, w.failed+1, w.unsureEvents+events
+			continue
+		}
+		w.committed++
+		w.events += events
+	}
+}
+
+// next returns the next transaction and the events it inserts.
+func (w *restartWorkload) next(rng *rand.Rand) (string, int64) {
+	var sql strings.Builder
+	sql.WriteString("BEGIN;")
+	events := 1 + rng.Int64N(4)
+	if rng.IntN(20) == 0 {
+		events = 50 + rng.Int64N(200)
+	}
+	fmt.Fprintf(&sql, "INSERT INTO fault_events SELECT s, %d, md5(s::text) FROM generate_series(%d, %d) s;",
+		rng.IntN(8), w.seq+1, w.seq+events)
+	w.seq += events
+	switch op := rng.IntN(4); {
+	case op == 0 || len(w.ids) < 5:
+		w.nextID++
+		w.ids = append(w.ids, w.nextID)
+		fmt.Fprintf(&sql, "INSERT INTO fault_accounts VALUES (%d, %d, 'opened');", w.nextID, rng.IntN(1000))
+	case op == 1:
+		i := rng.IntN(len(w.ids))
+		fmt.Fprintf(&sql, "DELETE FROM fault_accounts WHERE id = %d;", w.ids[i])
+		w.ids = append(w.ids[:i], w.ids[i+1:]...)
+	default:
+		a, b := w.ids[rng.IntN(len(w.ids))], w.ids[rng.IntN(len(w.ids))]
+		amount := rng.IntN(100)
+		fmt.Fprintf(&sql, "UPDATE fault_accounts SET balance = balance - %d, note = 'sent %d' WHERE id = %d;", amount, w.seq, a)
+		fmt.Fprintf(&sql, "UPDATE fault_accounts SET balance = balance + %d, note = 'got %d' WHERE id = %d;", amount, w.seq, b)
+	}
+	sql.WriteString("COMMIT")
+	return sql.String(), events
+}
+
+// connectOrFail opens a session on dsn, closed when the test ends.
+func connectOrFail(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
