@@ -38,6 +38,12 @@ type Conn struct {
 	SSLRootCert, SSLCert, SSLKey, SSLCRL string
 	// ApplicationName is shown in pg_stat_activity.
 	ApplicationName string
+	// Options are libpq's options: command-line options for the server
+	// session, such as "-c search_path=app".
+	Options string
+	// ConnectTimeout is libpq's connect_timeout, in seconds; empty means
+	// wait indefinitely.
+	ConnectTimeout string
 }
 
 // ErrInvalidDSN means a connection string does not parse. The error never
@@ -76,6 +82,8 @@ func ParseDSN(dsn string) (Conn, error) {
 		SSLKey:          setting("sslkey", "PGSSLKEY"),
 		SSLCRL:          setting("sslcrl", "PGSSLCRL"),
 		ApplicationName: config.RuntimeParams["application_name"],
+		Options:         setting("options", "PGOPTIONS"),
+		ConnectTimeout:  setting("connect_timeout", "PGCONNECT_TIMEOUT"),
 	}, nil
 }
 
@@ -143,6 +151,7 @@ var connVariables = []string{
 	"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGPASSWORD", "PGPASSFILE",
 	"PGSERVICE", "PGSERVICEFILE", "PGSSLMODE", "PGREQUIRESSL", "PGSSLROOTCERT", "PGSSLCERT",
 	"PGSSLKEY", "PGSSLCRL", "PGSSLCRLDIR", "PGAPPNAME", "PGTARGETSESSIONATTRS", "PGOPTIONS",
+	"PGCONNECT_TIMEOUT",
 }
 
 // environ returns this process's environment without its connection
@@ -172,6 +181,8 @@ func (c Conn) environ(passfile string) []string {
 	add("PGSSLKEY", c.SSLKey)
 	add("PGSSLCRL", c.SSLCRL)
 	add("PGAPPNAME", c.ApplicationName)
+	add("PGOPTIONS", c.Options)
+	add("PGCONNECT_TIMEOUT", c.ConnectTimeout)
 	// Without a password, point PGPASSFILE at nothing so that the user's
 	// ~/.pgpass cannot answer for a role Conn did not give a password.
 	if passfile == "" {
