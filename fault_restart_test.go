@@ -72,17 +72,22 @@ func TestSourceRestartMidStreamLosesNothing(t *testing.T) {
 	loop := startRestartLoop(ctx, src, tgt, systemID, slot, progress)
 
 	restarts, held := 0, 0
+	var slowest time.Duration
 	for range rounds {
 		for _, moment := range []string{markBegin, markCommit, ""} {
 			// Let the loop apply something since the previous restart.
 			awaitAppliedCount(t, progress, progress.applied.Load()+20, loop)
+			var took time.Duration
 			if moment == "" {
 				time.Sleep(rand.N(200 * time.Millisecond)) // a random moment, on purpose
+				began := time.Now()
 				require.NoError(t, srv.Restart(ctx))
+				took = time.Since(began)
 			} else {
-				restartWhileHeld(t, srv, progress, moment, loop)
+				took = restartWhileHeld(t, srv, progress, moment, loop)
 				held++
 			}
+			slowest = max(slowest, took)
 			restarts++
 		}
 	}
@@ -95,10 +100,10 @@ func TestSourceRestartMidStreamLosesNothing(t *testing.T) {
 		WITH r AS (INSERT INTO fault_accounts VALUES (-1, 0, 'end') RETURNING 1)
 		SELECT pg_logical_emit_message(true, $1, 'end')::text FROM r`, faultEndPrefix).Scan(&endLSN))
 	res := loop.wait(t)
-	t.Logf("%d restarts survived (%d with emit holding a transaction), %d interruptions seen by the loop, "+
+	t.Logf("%d restarts survived (%d with emit holding a transaction; the slowest took %v), %d interruptions seen by the loop, "+
 		"%d transactions applied, %d source transactions committed (%d failed and were not retried, %d workload reconnections), %v",
-		restarts, held, res.interrupted, progress.applied.Load(), load.committed, load.failed, load.reconnects,
-		time.Since(began).Round(time.Millisecond))
+		restarts, held, slowest.Round(time.Millisecond), res.interrupted, progress.applied.Load(), load.committed, load.failed,
+		load.reconnects, time.Since(began).Round(time.Millisecond))
 
 	assert.GreaterOrEqual(t, res.interrupted, held, "every restart while emit held the stream reached the loop as ErrStreamInterrupted")
 	applied, err := tgt.AppliedPositionFor(ctx, systemID, slot)
@@ -193,10 +198,11 @@ func TestSourceFastShutdownWithIdleStream(t *testing.T) {
 }
 
 // restartWhileHeld restarts srv while the loop's emit is held at the next
-// progress mark of kind. The walsender of a fast shutdown waits until the
-// client confirms what it was sent, so emit is released once the shutdown
-// is under way (the server refuses new sessions), not after the restart.
-func restartWhileHeld(t *testing.T, srv *siphontest.Server, progress *heldProgress, kind string, loop *restartLoop) {
+// progress mark of kind, and returns how long the restart took. The
+// walsender of a fast shutdown waits until the client confirms what it was
+// sent, so emit is released once the shutdown is under way (the server
+// refuses new sessions), not after the restart.
+func restartWhileHeld(t *testing.T, srv *siphontest.Server, progress *heldProgress, kind string, loop *restartLoop) time.Duration {
 	t.Helper()
 	hit, release := progress.holdAt(kind)
 	released := false
@@ -212,6 +218,7 @@ func restartWhileHeld(t *testing.T, srv *siphontest.Server, progress *heldProgre
 	case <-time.After(30 * time.Second):
 		t.Fatalf("no %q mark within 30 s", kind)
 	}
+	began := time.Now()
 	restarted := make(chan error, 1)
 	go func() { restarted <- srv.Restart(context.Background()) }()
 	require.Eventually(t, func() bool { return !accepts(srv.DSN()) }, 30*time.Second, time.Millisecond,
@@ -224,6 +231,7 @@ func restartWhileHeld(t *testing.T, srv *siphontest.Server, progress *heldProgre
 	case <-time.After(time.Minute):
 		t.Fatal("the restart did not end within a minute")
 	}
+	return time.Since(began)
 }
 
 // accepts reports whether the server takes a new session.
