@@ -14,10 +14,12 @@ import (
 // Conn says which database a program connects to, and as whom. Every
 // field reaches the program through its environment (PGHOST, PGPORT,
 // PGUSER, PGDATABASE, PGSSLMODE...), never its argv; the password goes in
-// a password file readable by the owner only (PGPASSFILE), removed when the
-// program exits. The connection variables of this process's own
-// environment (PGHOST, PGSERVICE, PGPASSWORD...) are not passed on: Conn
-// alone decides. Empty fields are left to libpq's defaults.
+// a password file readable by the owner only (PGPASSFILE): on Linux one
+// the program inherits open and that is unlinked before it starts,
+// elsewhere one removed when the program exits. The connection variables
+// of this process's own environment (PGHOST, PGSERVICE, PGPASSWORD...) are
+// not passed on: Conn alone decides. Empty fields are left to libpq's
+// defaults.
 type Conn struct {
 	// Host is a host name, an IP address, or a Unix-domain socket directory.
 	Host string
@@ -199,39 +201,4 @@ func isConnVariable(name string) bool {
 		}
 	}
 	return false
-}
-
-// writePassfile writes a password file (pgpass format, matching any host,
-// port, database and user) readable by the owner only, in dir, and returns
-// its path and the function that removes it. The file is held (see
-// holdTemp): if this process dies first, the next password file written in
-// dir removes it.
-func writePassfile(dir, password string) (string, func(), error) {
-	path, held, err := holdTemp(dir, "siphon-pgpass-*", func(path string) error {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return err
-		}
-		// Made 0600 already (a umask only takes bits away); say it for
-		// libpq, which ignores a password file others can read.
-		err = f.Chmod(0o600)
-		if err == nil {
-			escaped := strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace(password)
-			_, err = f.WriteString("*:*:*:*:" + escaped + "\n")
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			os.Remove(path)
-		}
-		return err
-	})
-	if err != nil {
-		return "", nil, fmt.Errorf("write password file: %w", err)
-	}
-	return path, func() {
-		os.Remove(path)
-		held.Close()
-	}, nil
 }

@@ -26,10 +26,12 @@ type ExecOptions struct {
 	// context is done: its process group gets SIGTERM at once and SIGKILL
 	// after WaitDelay. Defaults to 5s.
 	WaitDelay time.Duration
-	// TempDir is where the password file is written (mode 0600, removed
-	// when the program exits; one left by a process that was killed is
-	// removed by the next program run with the same TempDir). Defaults to
-	// [os.TempDir].
+	// TempDir is where the password file is written, mode 0600. On Linux
+	// it is unlinked before the program starts, which inherits it open: a
+	// process killed while a program runs leaves no password file.
+	// Elsewhere it is removed when the program exits, and one left by a
+	// process that was killed is removed by the next program run with the
+	// same TempDir. Defaults to [os.TempDir].
 	TempDir string
 }
 
@@ -122,7 +124,12 @@ func run(ctx context.Context, c command) (err error) {
 	}
 	unlock := lockThread()
 	defer unlock()
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// The program has its own copies of the files it inherits.
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
+	if err != nil {
 		return fmt.Errorf("pgdump: start %s: %w", c.program.Path, err)
 	}
 	outDone := make(chan error, 1)
@@ -135,7 +142,8 @@ func run(ctx context.Context, c command) (err error) {
 }
 
 // setEnv gives cmd its environment, writing a password file when the
-// connection has a password, and returns the function that removes it.
+// connection has a password (see writePassfile), and returns the function
+// that releases it once the program is gone.
 func (c command) setEnv(cmd *exec.Cmd) (cleanup func(), err error) {
 	cleanup = func() {}
 	if c.conn == nil {
@@ -156,12 +164,15 @@ func (c command) setEnv(cmd *exec.Cmd) (cleanup func(), err error) {
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	path, remove, err := writePassfile(dir, pw)
+	passfile, inherit, release, err := writePassfile(dir, pw)
 	if err != nil {
 		return nil, fmt.Errorf("pgdump: %s: %w", c.program.Name, err)
 	}
-	cmd.Env = c.conn.environ(path)
-	return remove, nil
+	cmd.Env = c.conn.environ(passfile)
+	if inherit != nil {
+		cmd.ExtraFiles = []*os.File{inherit}
+	}
+	return release, nil
 }
 
 func (c command) waitDelay() time.Duration {

@@ -12,9 +12,11 @@
 //   - The password never appears in a program's argv (visible to every
 //     user through /proc or ps): the connection ([Conn]) travels in the
 //     program's environment and the password in a password file only its
-//     owner can read, removed when the program exits (or, if this process
-//     is killed first, by the next program run with the same
-//     [ExecOptions].TempDir).
+//     owner can read. On Linux the program inherits that file open, and it
+//     is unlinked before the program starts, so a killed process leaves no
+//     password on disk. Elsewhere it is removed when the program exits
+//     (or, if this process is killed first, by the next program run with
+//     the same [ExecOptions].TempDir).
 //   - Nothing outlives its call. Each program runs in a process group of its
 //     own; when the context is done the whole group gets SIGTERM, then
 //     SIGKILL after [ExecOptions].WaitDelay, and the call returns only once

@@ -1,11 +1,15 @@
 package pgdump_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -84,14 +88,20 @@ func TestDumpRestoreRoundTrip(t *testing.T) {
 
 func TestDumpDirectoryRestoreFileInParallel(t *testing.T) {
 	t.Parallel()
+	// As a role with a password: the workers pg_dump and pg_restore fork
+	// connect with it too.
 	src, srcConn := database(t)
-	execSQL(t, srcConn, fmt.Sprintf(fillTable, 2000), `CREATE TABLE other AS SELECT * FROM items`)
+	src = passwordRole(t, src, srcConn, "parallel-pw-5521", 2000)
+	execSQL(t, srcConn, `CREATE TABLE other AS SELECT * FROM items`, "ALTER TABLE other OWNER TO "+src.User)
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "dump")
 	require.NoError(t, pgdump.DumpDirectory(ctx, pgdump.DumpOptions{Conn: src, Jobs: 2}, dir))
 	assert.FileExists(t, filepath.Join(dir, "toc.dat"))
 
 	dst, dstConn := database(t)
+	execSQL(t, dstConn, "GRANT CREATE ON SCHEMA public TO "+src.User)
+	t.Cleanup(func() { dstConn.Exec(context.Background(), "DROP OWNED BY "+src.User) })
+	dst.User, dst.Password = src.User, src.Password
 	require.NoError(t, pgdump.RestoreFile(ctx, pgdump.RestoreOptions{Conn: dst, Jobs: 2}, dir))
 	assert.Equal(t, digest(t, srcConn, "items"), digest(t, dstConn, "items"))
 	assert.Equal(t, digest(t, srcConn, "other"), digest(t, dstConn, "other"))
@@ -135,6 +145,12 @@ func TestRestoreStopsAtFirstError(t *testing.T) {
 // process group IDs.
 func processes(t *testing.T, name, marker string) map[int]int {
 	t.Helper()
+	return childrenOf(t, os.Getpid(), name, marker)
+}
+
+// childrenOf is processes for the children of parent; 0 means any.
+func childrenOf(t *testing.T, parent int, name, marker string) map[int]int {
+	t.Helper()
 	found := map[int]int{}
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, path := range stats {
@@ -154,7 +170,7 @@ func processes(t *testing.T, name, marker string) map[int]int {
 		pgid, _ := strconv.Atoi(fields[2])
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(data[:open])))
 		environ, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if ppid == os.Getpid() && bytes.Contains(environ, []byte(marker)) {
+		if (parent == 0 || ppid == parent) && bytes.Contains(environ, []byte(marker)) {
 			found[pid] = pgid
 		}
 	}
@@ -188,19 +204,49 @@ func (g *gate) Write(p []byte) (int, error) {
 	}
 }
 
+// passwordRole makes a role that must give its password and owns a table
+// of rows rows in src's database, and returns src connecting as it.
+func passwordRole(t *testing.T, src pgdump.Conn, admin *pgx.Conn, password string, rows int) pgdump.Conn {
+	t.Helper()
+	role := fmt.Sprintf("dump_role_%d", time.Now().UnixNano())
+	execSQL(t, admin, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", role, password),
+		fmt.Sprintf(fillTable, rows), "ALTER TABLE items OWNER TO "+role)
+	t.Cleanup(func() {
+		admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role)
+		admin.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role)
+	})
+	src.User, src.Password = role, password
+	return src
+}
+
+// databaseMarker picks out, by its environment, a program connected to
+// database.
+func databaseMarker(database string) string { return "PGDATABASE=" + database + "\x00" }
+
+// passfileDescriptors lists the descriptors of process pid open on a
+// password file made in dir.
+func passfileDescriptors(t *testing.T, pid int, dir string) []string {
+	t.Helper()
+	links, err := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+	require.NoError(t, err)
+	var found []string
+	for _, link := range links {
+		if target, err := os.Readlink(link); err == nil && strings.HasPrefix(target, filepath.Join(dir, "siphon-pgpass-")) {
+			found = append(found, filepath.Base(link)+" -> "+target)
+		}
+	}
+	return found
+}
+
 func TestPasswordNeverInArgv(t *testing.T) {
 	t.Parallel()
 	src, admin := database(t)
 	const password = `pa:ss\wörd-87125`
-	role := fmt.Sprintf("dump_role_%d", time.Now().UnixNano())
-	execSQL(t, admin, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", role, password),
-		fmt.Sprintf(fillTable, 50000), "ALTER TABLE items OWNER TO "+role)
-	t.Cleanup(func() { admin.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
-	src.User, src.Password = role, password
+	src = passwordRole(t, src, admin, password, 50000)
 	tmp := t.TempDir()
 
 	w, done := startDump(t, pgdump.DumpOptions{Conn: src, Tables: []string{"items"}, Exec: pgdump.ExecOptions{TempDir: tmp}})
-	procs := processes(t, "pg_dump", "PGPASSFILE="+tmp)
+	procs := processes(t, "pg_dump", databaseMarker(src.Database))
 	require.Len(t, procs, 1)
 	for pid := range procs {
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -211,16 +257,133 @@ func TestPasswordNeverInArgv(t *testing.T) {
 		environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 		require.NoError(t, err)
 		assert.NotContains(t, string(environ), password, "not in the environment either: in a password file")
-		files, _ := filepath.Glob(filepath.Join(tmp, "*"))
-		require.Len(t, files, 1)
-		info, err := os.Stat(files[0])
-		require.NoError(t, err)
-		assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+		assert.Contains(t, string(environ), "\x00PGPASSFILE=/proc/self/fd/3\x00")
+		fds := passfileDescriptors(t, pid, tmp)
+		require.Len(t, fds, 1, "pg_dump holds the password file open")
+		assert.True(t, strings.HasPrefix(fds[0], "3 -> ") && strings.HasSuffix(fds[0], " (deleted)"),
+			"as its descriptor 3, unlinked: %s", fds[0])
+		assert.Empty(t, passfileDescriptors(t, os.Getpid(), tmp), "this process closed its copy once pg_dump started")
 	}
+	entries, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "while pg_dump runs, no password file is on disk")
 	close(w.release)
 	require.NoError(t, <-done, "the role authenticated with the password from the file")
-	files, _ := filepath.Glob(filepath.Join(tmp, "*"))
-	assert.Empty(t, files, "the password file is removed")
+	entries, err = os.ReadDir(tmp)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+}
+
+// The environment of the killed dump's child (TestKilledDumpChild): the
+// connection, as JSON, and the TempDir.
+const (
+	killChildConn = "SIPHON_PGDUMP_KILL_CHILD_CONN"
+	killChildTemp = "SIPHON_PGDUMP_KILL_CHILD_TEMP"
+)
+
+// killChildDumping is what the child prints once pg_dump, authenticated,
+// has written.
+const killChildDumping = "pg_dump is dumping"
+
+// TestKilledProcessLeavesNoPassword runs a dump as a role with a password
+// in a child process, SIGKILLs the child while pg_dump writes, and finds
+// no password anywhere in TempDir afterwards, nor the pg_dump (it dies
+// with its parent, and its descriptor, the password file's last link,
+// with it).
+func TestKilledProcessLeavesNoPassword(t *testing.T) {
+	t.Parallel()
+	src, admin := database(t)
+	const password = "killed-pw-40417"
+	src = passwordRole(t, src, admin, password, 50000)
+	tmp := t.TempDir()
+	conn, err := json.Marshal(src)
+	require.NoError(t, err)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledDumpChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), killChildConn+"="+string(conn), killChildTemp+"="+tmp)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	waited := false
+	t.Cleanup(func() {
+		if !waited {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	// Test output goes to stdout: the child's says why it ended, if it
+	// ends before it is dumping.
+	dumping := make(chan error, 1)
+	go func() {
+		var output strings.Builder
+		scanner := bufio.NewScanner(stdout)
+		for scanner.Scan() {
+			if scanner.Text() == killChildDumping {
+				dumping <- nil
+				for scanner.Scan() { // until the child is gone
+				}
+				return
+			}
+			output.WriteString(scanner.Text() + "\n")
+		}
+		dumping <- errors.New(output.String())
+	}()
+	select {
+	case err := <-dumping:
+		if err != nil {
+			cmd.Wait()
+			waited = true
+			t.Fatalf("the child ended before pg_dump wrote:\n%v%s", err, stderr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("pg_dump did not start writing within a minute")
+	}
+	marker := databaseMarker(src.Database)
+	require.Len(t, childrenOf(t, cmd.Process.Pid, "pg_dump", marker), 1)
+	require.NoError(t, cmd.Process.Kill())
+	require.Error(t, cmd.Wait(), "killed")
+	waited = true
+
+	deadline := time.Now().Add(30 * time.Second)
+	for len(childrenOf(t, 0, "pg_dump", marker)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	assert.Empty(t, childrenOf(t, 0, "pg_dump", marker), "pg_dump died with its parent")
+	var left []string
+	require.NoError(t, filepath.WalkDir(tmp, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == tmp {
+			return err
+		}
+		left = append(left, path)
+		if data, err := os.ReadFile(path); err == nil {
+			assert.NotContains(t, string(data), password, "%s holds the password", path)
+		}
+		return nil
+	}))
+	assert.Empty(t, left, "the killed process left nothing in TempDir")
+}
+
+// TestKilledDumpChild is TestKilledProcessLeavesNoPassword's child: it
+// dumps until it is killed. Run directly, without the parent's
+// environment, it does nothing.
+func TestKilledDumpChild(t *testing.T) {
+	conn := os.Getenv(killChildConn)
+	if conn == "" {
+		return
+	}
+	var src pgdump.Conn
+	require.NoError(t, json.Unmarshal([]byte(conn), &src))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w := newGate(ctx)
+	go func() {
+		<-w.started
+		fmt.Println(killChildDumping)
+	}()
+	err := pgdump.Dump(ctx, pgdump.DumpOptions{Conn: src, Exec: pgdump.ExecOptions{TempDir: os.Getenv(killChildTemp)}}, w)
+	t.Fatalf("the dump ended before the kill: %v", err)
 }
 
 // startDump runs Dump in a goroutine into a gate, and returns once the
@@ -261,7 +424,7 @@ func TestCancelStopsTheProcessGroup(t *testing.T) {
 	tmp := t.TempDir()
 
 	w, done := startDump(t, pgdump.DumpOptions{Conn: src, Exec: pgdump.ExecOptions{TempDir: tmp}})
-	procs := processes(t, "pg_dump", "PGPASSFILE="+tmp)
+	procs := processes(t, "pg_dump", databaseMarker(src.Database))
 	require.Len(t, procs, 1)
 	w.cancel()
 	err := <-done
@@ -270,7 +433,7 @@ func TestCancelStopsTheProcessGroup(t *testing.T) {
 		assert.Equal(t, pid, pgid, "pg_dump leads a process group of its own")
 		assert.True(t, groupGone(pgid), "no process of the group is left when Dump returns")
 	}
-	assert.Empty(t, processes(t, "pg_dump", "PGPASSFILE="+tmp))
+	assert.Empty(t, processes(t, "pg_dump", databaseMarker(src.Database)))
 	files, _ := filepath.Glob(filepath.Join(tmp, "*"))
 	assert.Empty(t, files, "no temporary file is left")
 }

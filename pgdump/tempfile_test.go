@@ -1,6 +1,7 @@
 package pgdump
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -38,7 +39,7 @@ func TestTempEntriesOfDeadMakersAreSwept(t *testing.T) {
 	require.NoError(t, err)
 	assert.DirExists(t, held, "a held directory is not swept")
 
-	pass, removePass, err := writePassfile(tmp, "pw")
+	pass, heldPass, err := createPassfile(tmp, "pw")
 	require.NoError(t, err)
 	assert.NoFileExists(t, orphanFile, "a password file no one holds is swept")
 	info, err := os.Stat(pass)
@@ -50,8 +51,33 @@ func TestTempEntriesOfDeadMakersAreSwept(t *testing.T) {
 
 	require.NoError(t, remove())
 	require.NoError(t, removeAgain())
-	removePass()
+	require.NoError(t, os.Remove(pass))
+	heldPass.Close()
 	assert.NoDirExists(t, held)
 	assert.NoDirExists(t, again)
 	assert.NoFileExists(t, pass)
+}
+
+// On Linux the password file is gone from dir before the program starts:
+// the program reads it through the descriptor it inherits.
+func TestPassfileIsUnlinkedAndInherited(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS != "linux" {
+		t.Skip("the password file is inherited on Linux only")
+	}
+	tmp := t.TempDir()
+	env, inherit, release, err := writePassfile(tmp, `pa:ss\word`)
+	require.NoError(t, err)
+	defer release()
+	assert.Equal(t, "/proc/self/fd/3", env)
+	entries, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "no password file by name")
+	require.NotNil(t, inherit)
+	info, err := inherit.Stat()
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "libpq ignores a password file others can read")
+	data, err := os.ReadFile(fmt.Sprintf("/proc/self/fd/%d", inherit.Fd()))
+	require.NoError(t, err, "opening the descriptor by path reopens the deleted file")
+	assert.Equal(t, `*:*:*:*:pa\:ss\\word`+"\n", string(data))
 }
