@@ -80,10 +80,13 @@ type BackupOptions struct {
 	// than the server.
 	PgDump string
 	// TempDir holds the password file given to pg_dump and, with Jobs,
-	// the directory-format dump. Both are removed before Backup returns;
-	// those of a Backup whose process was killed are removed by the next
-	// Backup with the same TempDir (the password file by the next that
-	// writes one, the directory by the next with Jobs). Defaults to
+	// the directory-format dump. Both are removed before Backup returns.
+	// On Linux the password file has a name only until pg_dump starts
+	// (pg_dump reads it from an inherited descriptor), so a killed Backup
+	// leaves no password on disk; elsewhere, the password file and the
+	// directory of a Backup whose process was killed are removed by the
+	// next Backup with the same TempDir (the password file by the next
+	// that writes one, the directory by the next with Jobs). Defaults to
 	// [os.TempDir].
 	TempDir string
 }

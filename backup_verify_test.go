@@ -220,8 +220,11 @@ func TestBackupPasswordNeverInArgv(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("Backup ended early: %v", err)
 	}
-	pids := childProcesses("pg_dump", "PGPASSFILE="+tmp)
+	pids := childProcesses("pg_dump", "PGUSER="+role)
 	require.Len(t, pids, 1)
+	entries, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "the password file has no name while pg_dump runs: it reads it from an inherited descriptor")
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
 	require.NoError(t, err)
 	assert.Contains(t, string(cmdline), "--snapshot=")
