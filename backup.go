@@ -81,13 +81,12 @@ type BackupOptions struct {
 	PgDump string
 	// TempDir holds the password file given to pg_dump and, with Jobs,
 	// the directory-format dump. Both are removed before Backup returns.
-	// On Linux the password file has a name only until pg_dump starts
-	// (pg_dump reads it from an inherited descriptor), so a killed Backup
-	// leaves no password on disk; elsewhere, the password file and the
-	// directory of a Backup whose process was killed are removed by the
-	// next Backup with the same TempDir (the password file by the next
-	// that writes one, the directory by the next with Jobs). Defaults to
-	// [os.TempDir].
+	// What a Backup whose process was killed left is removed by the next
+	// Backup with the same TempDir: the directory by the next with Jobs,
+	// the password file by the next that writes one. On Linux there is
+	// no such password file: it has a name only until pg_dump starts,
+	// which reads it from an inherited descriptor, so no password stays
+	// on disk. Defaults to [os.TempDir].
 	TempDir string
 }
 
