@@ -37,6 +37,12 @@
 //
 //	func TestMain(m *testing.M) { siphontest.Main(m) }
 //
+// With [CheckLeaks], Main also fails a run whose tests passed but left a
+// goroutine running (a stream never cancelled, a connection never closed)
+// or a child process behind:
+//
+//	func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
+//
 // A test that needs a server of its own (server-wide settings, physical
 // slots) asks for one with [WithPrivateServer]. Such a server can be
 // restarted ([Server.Restart], a fast shutdown as pg_ctl restart -m fast)
