@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,9 +36,19 @@ type Conn struct {
 	// SSLMode is libpq's sslmode (disable, allow, prefer, require,
 	// verify-ca, verify-full); empty means libpq's default, prefer.
 	SSLMode string
-	// SSLRootCert, SSLCert, SSLKey and SSLCRL are file paths, as libpq's
-	// sslrootcert, sslcert, sslkey and sslcrl.
-	SSLRootCert, SSLCert, SSLKey, SSLCRL string
+	// SSLRootCert, SSLCert, SSLKey, SSLCRL and SSLCRLDir are file and
+	// directory paths, as libpq's sslrootcert, sslcert, sslkey, sslcrl and
+	// sslcrldir.
+	SSLRootCert, SSLCert, SSLKey, SSLCRL, SSLCRLDir string
+	// SSLSNI, SSLMinProtocolVersion and SSLMaxProtocolVersion are libpq's
+	// sslsni, ssl_min_protocol_version and ssl_max_protocol_version.
+	SSLSNI, SSLMinProtocolVersion, SSLMaxProtocolVersion string
+	// GSSEncMode, ChannelBinding, KerberosServiceName and RequirePeer are
+	// libpq's gssencmode, channel_binding, krbsrvname and requirepeer.
+	GSSEncMode, ChannelBinding, KerberosServiceName, RequirePeer string
+	// TargetSessionAttrs is libpq's target_session_attrs (any,
+	// read-write, read-only, primary, standby, prefer-standby).
+	TargetSessionAttrs string
 	// ApplicationName is shown in pg_stat_activity.
 	ApplicationName string
 	// Options are libpq's options: command-line options for the server
@@ -66,27 +77,53 @@ func ParseDSN(dsn string) (Conn, error) {
 	if err != nil {
 		return Conn{}, fmt.Errorf("%w: %v", ErrInvalidDSN, err)
 	}
-	setting := func(key, env string) string {
-		if v, ok := raw[key]; ok {
-			return v
-		}
-		return os.Getenv(env)
-	}
-	return Conn{
+	c := Conn{
 		Host:            config.Host,
 		Port:            config.Port,
 		Database:        config.Database,
 		User:            config.User,
 		Password:        config.Password,
-		SSLMode:         setting("sslmode", "PGSSLMODE"),
-		SSLRootCert:     setting("sslrootcert", "PGSSLROOTCERT"),
-		SSLCert:         setting("sslcert", "PGSSLCERT"),
-		SSLKey:          setting("sslkey", "PGSSLKEY"),
-		SSLCRL:          setting("sslcrl", "PGSSLCRL"),
 		ApplicationName: config.RuntimeParams["application_name"],
-		Options:         setting("options", "PGOPTIONS"),
-		ConnectTimeout:  setting("connect_timeout", "PGCONNECT_TIMEOUT"),
-	}, nil
+	}
+	for _, s := range c.settings() {
+		if v, ok := raw[s.keyword]; ok {
+			*s.value = v
+		} else {
+			*s.value = os.Getenv(s.env)
+		}
+	}
+	return c, nil
+}
+
+// setting is a Conn field that is one libpq keyword, and the environment
+// variable that sets it.
+type setting struct {
+	keyword, env string
+	value        *string
+}
+
+// settings lists c's fields that ParseDSN takes from the connection
+// string's keyword, or else from this process's environment variable, and
+// that reach the program through that variable.
+func (c *Conn) settings() []setting {
+	return []setting{
+		{"sslmode", "PGSSLMODE", &c.SSLMode},
+		{"sslrootcert", "PGSSLROOTCERT", &c.SSLRootCert},
+		{"sslcert", "PGSSLCERT", &c.SSLCert},
+		{"sslkey", "PGSSLKEY", &c.SSLKey},
+		{"sslcrl", "PGSSLCRL", &c.SSLCRL},
+		{"sslcrldir", "PGSSLCRLDIR", &c.SSLCRLDir},
+		{"sslsni", "PGSSLSNI", &c.SSLSNI},
+		{"ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION", &c.SSLMinProtocolVersion},
+		{"ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION", &c.SSLMaxProtocolVersion},
+		{"gssencmode", "PGGSSENCMODE", &c.GSSEncMode},
+		{"channel_binding", "PGCHANNELBINDING", &c.ChannelBinding},
+		{"krbsrvname", "PGKRBSRVNAME", &c.KerberosServiceName},
+		{"requirepeer", "PGREQUIREPEER", &c.RequirePeer},
+		{"target_session_attrs", "PGTARGETSESSIONATTRS", &c.TargetSessionAttrs},
+		{"options", "PGOPTIONS", &c.Options},
+		{"connect_timeout", "PGCONNECT_TIMEOUT", &c.ConnectTimeout},
+	}
 }
 
 // rawSettings reads the keywords a connection string sets, without
@@ -147,22 +184,22 @@ func keywordValues(s string) (map[string]string, error) {
 	return settings, nil
 }
 
-// connVariables are the libpq environment variables that choose a
-// connection; the child gets only the ones Conn sets.
-var connVariables = []string{
+// otherConnVariables are the libpq environment variables that choose a
+// connection beyond Conn.settings' (which also choose one); the child gets
+// only those Conn sets.
+var otherConnVariables = []string{
 	"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGPASSWORD", "PGPASSFILE",
-	"PGSERVICE", "PGSERVICEFILE", "PGSSLMODE", "PGREQUIRESSL", "PGSSLROOTCERT", "PGSSLCERT",
-	"PGSSLKEY", "PGSSLCRL", "PGSSLCRLDIR", "PGAPPNAME", "PGTARGETSESSIONATTRS", "PGOPTIONS",
-	"PGCONNECT_TIMEOUT",
+	"PGSERVICE", "PGSERVICEFILE", "PGREQUIRESSL", "PGAPPNAME", "PGGSSLIB", "PGSSLCOMPRESSION",
 }
 
 // environ returns this process's environment without its connection
 // variables, plus c's (the password excepted: see passfile).
 func (c Conn) environ(passfile string) []string {
-	env := make([]string, 0, len(os.Environ())+10)
+	settings := c.settings()
+	env := make([]string, 0, len(os.Environ())+len(settings)+6)
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if !isConnVariable(name) {
+		if !isConnVariable(name, settings) {
 			env = append(env, kv)
 		}
 	}
@@ -177,14 +214,10 @@ func (c Conn) environ(passfile string) []string {
 	}
 	add("PGDATABASE", c.Database)
 	add("PGUSER", c.User)
-	add("PGSSLMODE", c.SSLMode)
-	add("PGSSLROOTCERT", c.SSLRootCert)
-	add("PGSSLCERT", c.SSLCert)
-	add("PGSSLKEY", c.SSLKey)
-	add("PGSSLCRL", c.SSLCRL)
 	add("PGAPPNAME", c.ApplicationName)
-	add("PGOPTIONS", c.Options)
-	add("PGCONNECT_TIMEOUT", c.ConnectTimeout)
+	for _, s := range settings {
+		add(s.env, *s.value)
+	}
 	// Without a password, point PGPASSFILE at nothing so that the user's
 	// ~/.pgpass cannot answer for a role Conn did not give a password.
 	if passfile == "" {
@@ -194,11 +227,11 @@ func (c Conn) environ(passfile string) []string {
 	return env
 }
 
-func isConnVariable(name string) bool {
-	for _, v := range connVariables {
-		if name == v {
+func isConnVariable(name string, settings []setting) bool {
+	for _, s := range settings {
+		if name == s.env {
 			return true
 		}
 	}
-	return false
+	return slices.Contains(otherConnVariables, name)
 }

@@ -1,6 +1,7 @@
 package pgdump
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -107,4 +108,21 @@ func TestExitErrorNamesTheFirstError(t *testing.T) {
 	assert.Equal(t, `pgdump: /usr/bin/pg_restore: exit status 1: pg_restore: error: could not execute query: ERROR:  relation "a" already exists (more in ExitError.Stderr)`, e.Error())
 	e = &ExitError{Args: []string{"pg_dump"}, ExitCode: -1}
 	assert.Equal(t, "pgdump: pg_dump: killed by a signal: no error output", e.Error())
+}
+
+// TestEnvironCarriesConnAlone checks that the program's connection
+// variables are Conn's: every setting it holds, none of this process's.
+func TestEnvironCarriesConnAlone(t *testing.T) {
+	t.Setenv("PGCHANNELBINDING", "disable")
+	t.Setenv("PGSERVICE", "elsewhere")
+	t.Setenv("PGTARGETSESSIONATTRS", "standby")
+	c := Conn{Host: "h", Database: "db", SSLMode: "require", ChannelBinding: "require", TargetSessionAttrs: "read-write", ConnectTimeout: "7"}
+	env := strings.Join(c.environ(""), "\n") + "\n"
+	for _, want := range []string{"PGHOST=h", "PGDATABASE=db", "PGSSLMODE=require", "PGCHANNELBINDING=require",
+		"PGTARGETSESSIONATTRS=read-write", "PGCONNECT_TIMEOUT=7", "PGPASSFILE=" + os.DevNull} {
+		assert.Contains(t, env, want+"\n")
+	}
+	for _, unwanted := range []string{"PGCHANNELBINDING=disable", "PGSERVICE=", "PGTARGETSESSIONATTRS=standby", "PGGSSENCMODE="} {
+		assert.NotContains(t, env, unwanted)
+	}
 }

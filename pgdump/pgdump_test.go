@@ -523,6 +523,15 @@ func TestParseDSN(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, pgdump.Conn{Host: "/tmp", Port: 5433, Database: "it's", User: "bob", Password: "a b'c", SSLMode: "disable"}, c)
 
+	c, err = pgdump.ParseDSN("postgres://u@h/db?sslmode=verify-full&sslcrldir=/crl&sslsni=0&ssl_min_protocol_version=TLSv1.3" +
+		"&gssencmode=disable&channel_binding=require&krbsrvname=pg&requirepeer=postgres&target_session_attrs=read-write" +
+		"&options=-c%20search_path%3Dapp&connect_timeout=7")
+	require.NoError(t, err)
+	assert.Equal(t, pgdump.Conn{Host: "h", Port: 5432, Database: "db", User: "u", SSLMode: "verify-full", SSLCRLDir: "/crl",
+		SSLSNI: "0", SSLMinProtocolVersion: "TLSv1.3", GSSEncMode: "disable", ChannelBinding: "require",
+		KerberosServiceName: "pg", RequirePeer: "postgres", TargetSessionAttrs: "read-write",
+		Options: "-c search_path=app", ConnectTimeout: "7"}, c, "every setting libpq reads from the environment is kept")
+
 	_, err = pgdump.ParseDSN("postgres://u:topsecret@[::1/db")
 	require.ErrorIs(t, err, pgdump.ErrInvalidDSN)
 	assert.NotContains(t, err.Error(), "topsecret")
