@@ -100,7 +100,7 @@ func TestKillSnapshotCopyAtRandomPointsResumes(t *testing.T) {
 
 	env := []string{copyChildSource + "=" + srcDSN, copyChildTarget + "=" + tgtDSN, copyChildSlot + "=" + slot}
 	began := time.Now()
-	load := startCopyKillWorkload(t, srcDSN)
+	load := startWorkload(t, srcDSN, 5*time.Millisecond, false, copyKillTransactions())
 	landed := map[string]int{}
 	var skipped, recopied, midTable int64
 	// Each round advances the copy by a few checkpoints at most (of about
@@ -353,69 +353,24 @@ func awaitCopyChildGone(t *testing.T, srcConn, tgtConn *pgx.Conn, slot string) {
 	}, 10*time.Second, 5*time.Millisecond)
 }
 
-// copyKillWorkload changes kc_accounts in small transactions until stopped:
-// updates, inserts, deletes and key changes, with short values (a TOAST
-// value would make a resumed copy start the table again).
-type copyKillWorkload struct {
-	halt, done chan struct{}
-	err        error
-	committed  int
-}
-
-func startCopyKillWorkload(t *testing.T, dsn string) *copyKillWorkload {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	w := &copyKillWorkload{halt: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		w.err = w.run(conn)
-	}()
-	t.Cleanup(func() { _ = w.stop() })
-	return w
-}
-
-// stop ends the workload after its transaction in progress and returns its
-// error. It may be called twice.
-func (w *copyKillWorkload) stop() error {
-	select {
-	case <-w.halt:
-	default:
-		close(w.halt)
-	}
-	<-w.done
-	return w.err
-}
-
-func (w *copyKillWorkload) run(conn *pgx.Conn) error {
-	rng := rand.New(rand.NewPCG(rand.Uint64(), 2))
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
+// copyKillTransactions changes kc_accounts: updates, inserts, deletes and
+// key changes, with short values (a TOAST value would make a resumed copy
+// start the table again).
+func copyKillTransactions() func(rng *rand.Rand) (string, int64) {
 	next := int64(1_000_000)
-	for {
-		select {
-		case <-w.halt:
-			return nil
-		case <-tick.C:
-		}
+	return func(rng *rand.Rand) (string, int64) {
 		id := 1 + rng.Int64N(50000)
-		var sql string
 		switch rng.IntN(4) {
 		case 0:
 			next++
-			sql = fmt.Sprintf(`INSERT INTO kc_accounts VALUES (%d, 0, 'new')`, next)
+			return fmt.Sprintf(`INSERT INTO kc_accounts VALUES (%d, 0, 'new')`, next), 0
 		case 1:
-			sql = fmt.Sprintf(`UPDATE kc_accounts SET balance = balance + 1, note = 'upd' WHERE id IN (%d, %d)`, id, id+25000)
+			return fmt.Sprintf(`UPDATE kc_accounts SET balance = balance + 1, note = 'upd' WHERE id IN (%d, %d)`, id, id+25000), 0
 		case 2:
-			sql = fmt.Sprintf(`DELETE FROM kc_accounts WHERE id = %d`, id)
-		case 3:
-			sql = fmt.Sprintf(`UPDATE kc_accounts SET id = id + 10000000 WHERE id = %d`, id)
+			return fmt.Sprintf(`DELETE FROM kc_accounts WHERE id = %d`, id), 0
+		default:
+			return fmt.Sprintf(`UPDATE kc_accounts SET id = id + 10000000 WHERE id = %d`, id), 0
 		}
-		if _, err := conn.Exec(context.Background(), sql); err != nil {
-			return fmt.Errorf("workload: %w", err)
-		}
-		w.committed++
 	}
 }
 

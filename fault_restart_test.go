@@ -67,7 +67,7 @@ func TestSourceRestartMidStreamLosesNothing(t *testing.T) {
 	require.NoError(t, err)
 
 	began := time.Now()
-	load := startRestartWorkload(t, srcDSN)
+	load := startWorkload(t, srcDSN, time.Millisecond, true, (&faultTransactions{}).next)
 	progress := &heldProgress{}
 	loop := startRestartLoop(ctx, src, tgt, systemID, slot, progress)
 
@@ -364,116 +364,6 @@ func (l *restartLoop) wait(t *testing.T) restartLoopResult {
 	}
 	require.NoError(t, l.err)
 	return l.res
-}
-
-// restartWorkload commits small transactions on the source until stopped,
-// as faultWorkload does, but reconnects when the server goes away. A
-// transaction whose COMMIT got no answer may or may not have committed: its
-// sequence numbers and account id are never used again, so the source
-// never holds an event twice and no insert collides.
-type restartWorkload struct {
-	dsn  string
-	halt chan struct{}
-	done chan struct{}
-	err  error
-	// Read after stop.
-	committed, failed, reconnects int
-	events                        int64 // events of the committed transactions
-	unsureEvents                  int64 // events of those whose COMMIT got no answer
-	seq, nextID                   int64
-	ids                           []int64
-}
-
-func startRestartWorkload(t *testing.T, dsn string) *restartWorkload {
-	t.Helper()
-	w := &restartWorkload{dsn: dsn, halt: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		w.err = w.run()
-	}()
-	t.Cleanup(func() { _ = w.stop() })
-	return w
-}
-
-// stop ends the workload after its transaction in progress and returns its
-// error. It may be called twice.
-func (w *restartWorkload) stop() error {
-	select {
-	case <-w.halt:
-	default:
-		close(w.halt)
-	}
-	<-w.done
-	return w.err
-}
-
-func (w *restartWorkload) run() error {
-	rng := rand.New(rand.NewPCG(rand.Uint64(), 2))
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close(context.Background())
-		}
-	}()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-w.halt:
-			return nil
-		case <-tick.C:
-		}
-		if conn == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			c, err := pgx.Connect(ctx, w.dsn)
-			cancel()
-			if err != nil {
-				continue // restarting: try again on the next tick
-			}
-			conn = c
-			w.reconnects++
-		}
-		sql, events := w.next(rng)
-		if _, err := conn.Exec(context.Background(), sql); err != nil {
-			if !conn.IsClosed() {
-				return fmt.Errorf("workload: %w", err)
-			}
-			conn, w.failed, w.unsureEvents = nil, w.failed+1, w.unsureEvents+events
-			continue
-		}
-		w.committed++
-		w.events += events
-	}
-}
-
-// next returns the next transaction and the events it inserts.
-func (w *restartWorkload) next(rng *rand.Rand) (string, int64) {
-	var sql strings.Builder
-	sql.WriteString("BEGIN;")
-	events := 1 + rng.Int64N(4)
-	if rng.IntN(20) == 0 {
-		events = 50 + rng.Int64N(200)
-	}
-	fmt.Fprintf(&sql, "INSERT INTO fault_events SELECT s, %d, md5(s::text) FROM generate_series(%d, %d) s;",
-		rng.IntN(8), w.seq+1, w.seq+events)
-	w.seq += events
-	switch op := rng.IntN(4); {
-	case op == 0 || len(w.ids) < 5:
-		w.nextID++
-		w.ids = append(w.ids, w.nextID)
-		fmt.Fprintf(&sql, "INSERT INTO fault_accounts VALUES (%d, %d, 'opened');", w.nextID, rng.IntN(1000))
-	case op == 1:
-		i := rng.IntN(len(w.ids))
-		fmt.Fprintf(&sql, "DELETE FROM fault_accounts WHERE id = %d;", w.ids[i])
-		w.ids = append(w.ids[:i], w.ids[i+1:]...)
-	default:
-		a, b := w.ids[rng.IntN(len(w.ids))], w.ids[rng.IntN(len(w.ids))]
-		amount := rng.IntN(100)
-		fmt.Fprintf(&sql, "UPDATE fault_accounts SET balance = balance - %d, note = 'sent %d' WHERE id = %d;", amount, w.seq, a)
-		fmt.Fprintf(&sql, "UPDATE fault_accounts SET balance = balance + %d, note = 'got %d' WHERE id = %d;", amount, w.seq, b)
-	}
-	sql.WriteString("COMMIT")
-	return sql.String(), events
 }
 
 // connectOrFail opens a session on dsn, closed when the test ends.

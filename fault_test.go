@@ -89,7 +89,9 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	env := []string{faultChildSource + "=" + srcDSN, faultChildTarget + "=" + tgtDSN,
 		faultChildSlot + "=" + slot, faultChildSystem + "=" + systemID}
 	began := time.Now()
-	load := startFaultWorkload(t, srcDSN)
+	// A pace the child about keeps up with: it is mostly busy applying when
+	// killed, and the last child has little to catch up.
+	load := startWorkload(t, srcDSN, time.Millisecond, false, (&faultTransactions{}).next)
 
 	origin := fmt.Sprintf("siphon_%s_%s_%s", dbOID(t, tgtConn), systemID, slot)
 	tally := killTally{landed: map[string]int{}}
@@ -276,88 +278,6 @@ func awaitReleased(t *testing.T, srcConn, tgtConn *pgx.Conn, slot string) {
 			WHERE datname = current_database() AND application_name = 'siphon'`).Scan(&sessions))
 		assert.Zero(c, sessions, "siphon sessions on the target")
 	}, 10*time.Second, 5*time.Millisecond)
-}
-
-// faultWorkload commits small transactions on the source until stopped.
-type faultWorkload struct {
-	halt      chan struct{}
-	done      chan struct{}
-	err       error
-	committed int
-}
-
-func startFaultWorkload(t *testing.T, dsn string) *faultWorkload {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	w := &faultWorkload{halt: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		w.err = w.run(conn)
-	}()
-	t.Cleanup(func() { _ = w.stop() })
-	return w
-}
-
-// stop ends the workload after its transaction in progress and returns its
-// error. It may be called twice.
-func (w *faultWorkload) stop() error {
-	select {
-	case <-w.halt:
-	default:
-		close(w.halt)
-	}
-	<-w.done
-	return w.err
-}
-
-func (w *faultWorkload) run(conn *pgx.Conn) error {
-	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
-	var (
-		seq, nextID int64
-		ids         []int64
-	)
-	// A pace the child about keeps up with: it is mostly busy applying when
-	// killed, and the last child has little to catch up.
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-w.halt:
-			return nil
-		case <-tick.C:
-		}
-		var sql strings.Builder
-		sql.WriteString("BEGIN;")
-		events := 1 + rng.IntN(4)
-		if rng.IntN(20) == 0 {
-			events = 50 + rng.IntN(200) // now and then a larger transaction
-		}
-		fmt.Fprintf(&sql, "INSERT INTO fault_events SELECT s, %d, md5(s::text) FROM generate_series(%d, %d) s;",
-			rng.IntN(8), seq+1, seq+int64(events))
-		seq += int64(events)
-		switch op := rng.IntN(4); {
-		case op == 0 || len(ids) < 5:
-			nextID++
-			ids = append(ids, nextID)
-			fmt.Fprintf(&sql, "INSERT INTO fault_accounts VALUES (%d, %d, 'opened');", nextID, rng.IntN(1000))
-		case op == 1:
-			i := rng.IntN(len(ids))
-			fmt.Fprintf(&sql, "DELETE FROM fault_accounts WHERE id = %d;", ids[i])
-			ids = append(ids[:i], ids[i+1:]...)
-		default:
-			a, b := ids[rng.IntN(len(ids))], ids[rng.IntN(len(ids))]
-			amount := rng.IntN(100)
-			fmt.Fprintf(&sql, "UPDATE fault_accounts SET balance = balance - %d, note = 'sent %d' WHERE id = %d;", amount, seq, a)
-			fmt.Fprintf(&sql, "UPDATE fault_accounts SET balance = balance + %d, note = 'got %d' WHERE id = %d;", amount, seq, b)
-		}
-		sql.WriteString("COMMIT")
-		if _, err := conn.Exec(context.Background(), sql.String()); err != nil {
-			return fmt.Errorf("workload: %w", err)
-		}
-		w.committed++
-	}
 }
 
 // faultChild is the fault test's child process: the change data capture
