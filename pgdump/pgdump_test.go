@@ -442,9 +442,17 @@ func TestCancelStopsTheProcessGroup(t *testing.T) {
 // runs script.
 func fakeDump(t *testing.T, version, script string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "pg_dump")
+	dir := t.TempDir()
 	body := "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'pg_dump (PostgreSQL) " + version + "'; exit 0; fi\n" + script + "\n"
-	require.NoError(t, os.WriteFile(path, []byte(body), 0o755))
+	source := filepath.Join(dir, "script")
+	require.NoError(t, os.WriteFile(source, []byte(body), 0o644))
+	// The executable is written by another process: a program this process
+	// starts meanwhile (parallel tests) would inherit a descriptor open for
+	// writing on it until its exec, and running it would fail with "text
+	// file busy".
+	path := filepath.Join(dir, "pg_dump")
+	out, err := exec.Command("install", "-m", "0755", source, path).CombinedOutput()
+	require.NoError(t, err, "%s", out)
 	return path
 }
 
