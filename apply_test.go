@@ -48,6 +48,20 @@ func dropOrigins(t *testing.T, conn *pgx.Conn) {
 	assert.NoError(t, err)
 }
 
+// forgetAppliedPosition resets, when the test ends, the position applied
+// on dsn from systemID's slot: replication origins are cluster-wide, so one
+// left behind outlives the test's database.
+func forgetAppliedPosition(t *testing.T, dsn, systemID, slot string) {
+	t.Helper()
+	t.Cleanup(func() {
+		c, err := siphon.Connect(context.Background(), dsn)
+		if assert.NoError(t, err) {
+			assert.NoError(t, c.ResetAppliedPosition(context.Background(), systemID, slot))
+			c.Close()
+		}
+	})
+}
+
 // digest returns an order-independent fingerprint of a table's rows.
 func digest(t *testing.T, conn *pgx.Conn, table string) string {
 	t.Helper()

@@ -49,13 +49,7 @@ func TestSourceRestartMidStreamLosesNothing(t *testing.T) {
 	var systemID string
 	require.NoError(t, srcConn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&systemID))
 	srcConn.Close(ctx) // broken by the first restart anyway
-	t.Cleanup(func() {
-		c, err := siphon.Connect(ctx, tgtDSN)
-		if assert.NoError(t, err) {
-			assert.NoError(t, c.ResetAppliedPosition(ctx, systemID, slot))
-			c.Close()
-		}
-	})
+	forgetAppliedPosition(t, tgtDSN, systemID, slot)
 
 	src, err := siphon.Connect(ctx, srcDSN, siphon.WithSlot(slot))
 	require.NoError(t, err)

@@ -69,14 +69,7 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	slot := streamSlot(t)
 	var systemID string
 	require.NoError(t, srcConn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&systemID))
-	t.Cleanup(func() {
-		// Replication origins are cluster-wide: forget this one.
-		c, err := siphon.Connect(ctx, tgtDSN)
-		if assert.NoError(t, err) {
-			assert.NoError(t, c.ResetAppliedPosition(ctx, systemID, slot))
-			c.Close()
-		}
-	})
+	forgetAppliedPosition(t, tgtDSN, systemID, slot)
 
 	// The slot exists before the first transaction, so the stream holds
 	// every one of them.

@@ -90,16 +90,8 @@ func TestHostileNamesGoThroughEveryPath(t *testing.T) {
 	restored, err := siphon.Connect(ctx, restoredDSN)
 	require.NoError(t, err)
 	defer restored.Close()
-	t.Cleanup(func() {
-		// Replication origins are cluster-wide: forget these.
-		for dsn, slot := range map[string]string{replicaDSN: slot, restoredDSN: backupSlot} {
-			c, err := siphon.Connect(context.Background(), dsn)
-			if assert.NoError(t, err) {
-				assert.NoError(t, c.ResetAppliedPosition(context.Background(), systemID, slot))
-				c.Close()
-			}
-		}
-	})
+	forgetAppliedPosition(t, replicaDSN, systemID, slot)
+	forgetAppliedPosition(t, restoredDSN, systemID, backupSlot)
 
 	// The snapshot and the backup, then the changes after both.
 	var snapshot, backup, incremental bytes.Buffer
