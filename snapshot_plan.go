@@ -507,7 +507,7 @@ func (t *copyTask) copySQL(withCTID bool) string {
 // with the settings that make scans return rows in physical order.
 func importSnapshot(ctx context.Context, conn *pgx.Conn, name string) error {
 	_, err := conn.PgConn().Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "+
-		"SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(name, "'", "''")+"'; "+
+		"SET TRANSACTION SNAPSHOT "+quoteLiteral(name)+"; "+
 		"SET LOCAL synchronize_seqscans = off; SET LOCAL max_parallel_workers_per_gather = 0; "+
 		"SET LOCAL enable_indexscan = off; SET LOCAL enable_indexonlyscan = off; SET LOCAL enable_bitmapscan = off; "+
 		// Fail rather than copy only the rows a row-level security policy
