@@ -138,9 +138,7 @@ func TestSourceFastShutdownWithIdleStream(t *testing.T) {
 	dsn := srv.NewDatabase(t)
 	admin := connectOrFail(t, dsn)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
-	c, slot := streamConn(t, dsn)
-	from, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, from := streamConnAt(t, dsn)
 	execSQL(t, admin, "INSERT INTO t VALUES (1)")
 
 	commits := make(chan canonical.Position, 10)
@@ -176,7 +174,7 @@ func TestSourceFastShutdownWithIdleStream(t *testing.T) {
 	execSQL(t, admin, "INSERT INTO t VALUES (3)")
 	var rows []string
 	runCtx, stop := context.WithCancel(ctx)
-	_, err = c.StreamChanges(runCtx, intr.Position, func(ch canonical.Change) error {
+	_, err := c.StreamChanges(runCtx, intr.Position, func(ch canonical.Change) error {
 		if ch.Op == canonical.OpInsert {
 			rows = append(rows, ch.New[0].String())
 		}

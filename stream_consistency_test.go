@@ -363,9 +363,7 @@ func TestStreamMatchesTestDecoding(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, workloadSchema...)
-	c, slot := streamConn(t, dsn)
-	from, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, from := streamConnAt(t, dsn)
 	tdSlot := slot + "_td"
 	execSQL(t, admin, "SELECT pg_create_logical_replication_slot('"+tdSlot+"', 'test_decoding')")
 
@@ -463,10 +461,8 @@ func TestStreamInterruptionsDeliverExactlyOnce(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, workloadSchema...)
 	execSQL(t, admin, "CREATE TABLE unpub (x text)")
-	c, slot := streamConn(t, dsn, siphon.WithTables("w_kv", "w_toast", "w_full", "w_idx"),
+	c, slot, start := streamConnAt(t, dsn, siphon.WithTables("w_kv", "w_toast", "w_full", "w_idx"),
 		siphon.WithStatusInterval(20*time.Millisecond), siphon.WithHeartbeat(30*time.Millisecond))
-	start, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
 
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

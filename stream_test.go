@@ -44,6 +44,16 @@ func streamConn(t *testing.T, dsn string, opts ...siphon.Option) (*siphon.Conn, 
 	return c, slot
 }
 
+// streamConnAt is streamConn that also makes sure the publication and the
+// slot exist (CurrentPosition), and returns the Position to stream from.
+func streamConnAt(t *testing.T, dsn string, opts ...siphon.Option) (*siphon.Conn, string, canonical.Position) {
+	t.Helper()
+	c, slot := streamConn(t, dsn, opts...)
+	start, err := c.CurrentPosition(context.Background())
+	require.NoError(t, err)
+	return c, slot, start
+}
+
 // siphonSession opens a session with siphon's fixed session settings, so
 // that values print the way canonical values do.
 func siphonSession(t *testing.T, dsn string) *pgx.Conn {
@@ -158,9 +168,7 @@ func TestStreamValuesPositionsAndTOAST(t *testing.T) {
 		`CREATE UNIQUE INDEX idx_ident_ab ON idx_ident (b, a)`,
 		`ALTER TABLE idx_ident REPLICA IDENTITY USING INDEX idx_ident_ab`,
 	)
-	c, slot := streamConn(t, dsn)
-	from, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, from := streamConnAt(t, dsn)
 
 	// Incompressible, so it is stored out of line (TOAST).
 	execSQL(t, admin,
@@ -303,9 +311,7 @@ func TestStreamResumeGap(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
-	c, slot := streamConn(t, dsn)
-	start, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, start := streamConnAt(t, dsn)
 
 	execSQL(t, admin, "INSERT INTO t VALUES (1)")
 	emitMarker(t, admin, "one")
@@ -321,7 +327,7 @@ func TestStreamResumeGap(t *testing.T) {
 	emitted := 0
 	count := func(canonical.Change) error { emitted++; return nil }
 	began := time.Now()
-	_, err = c.StreamChanges(ctx, pos1, count)
+	_, err := c.StreamChanges(ctx, pos1, count)
 	var gap *siphon.ResumeGapError
 	require.ErrorAs(t, err, &gap, "resuming from before the slot's position")
 	assert.Equal(t, siphon.ResumeGapError{Slot: slot, Requested: pos1, Confirmed: pos2, Reason: siphon.GapBehindSlot}, *gap)
@@ -367,9 +373,7 @@ func TestStreamLostSlotIsAGap(t *testing.T) {
 	admin, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer admin.Close(ctx)
-	c, slot := streamConn(t, dsn)
-	from, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, from := streamConnAt(t, dsn)
 
 	execSQL(t, admin, "CREATE TABLE filler (x text)")
 	require.Eventually(t, func() bool {
@@ -393,9 +397,7 @@ func TestStreamIdleSlotAdvancesAndResumeFromLastCommitWorks(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE pub (id int PRIMARY KEY)", "CREATE TABLE unpub (x text)")
-	c, slot := streamConn(t, dsn, siphon.WithTables("pub"), siphon.WithStatusInterval(20*time.Millisecond))
-	start, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, start := streamConnAt(t, dsn, siphon.WithTables("pub"), siphon.WithStatusInterval(20*time.Millisecond))
 
 	// Stream in the background; the test writes only to an unpublished
 	// table after the first transaction until the slot moves past it.
@@ -444,7 +446,7 @@ func TestStreamIdleSlotAdvancesAndResumeFromLastCommitWorks(t *testing.T) {
 	assert.Equal(t, "2", text(t, txs[0].changes[0].New[0]))
 
 	// From before the last transaction, it is a gap.
-	_, err = c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
+	_, err := c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
 	var gap *siphon.ResumeGapError
 	require.ErrorAs(t, err, &gap)
 
@@ -456,9 +458,7 @@ func TestStreamHeartbeatMovesAnIdleSlot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
-	c, slot := streamConn(t, dsn, siphon.WithHeartbeat(20*time.Millisecond), siphon.WithStatusInterval(20*time.Millisecond))
-	start, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, start := streamConnAt(t, dsn, siphon.WithHeartbeat(20*time.Millisecond), siphon.WithStatusInterval(20*time.Millisecond))
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var emitted atomic.Int64
@@ -482,9 +482,7 @@ func TestStreamEmitErrorStopsAndResumeRedelivers(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
-	c, slot := streamConn(t, dsn)
-	start, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, start := streamConnAt(t, dsn)
 	execSQL(t, admin, "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)")
 
 	boom := errors.New("disk full")
@@ -518,9 +516,7 @@ func TestStreamTerminatedWalsenderIsRetryable(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
-	c, slot := streamConn(t, dsn)
-	start, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, start := streamConnAt(t, dsn)
 	execSQL(t, admin, "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)")
 
 	var firstEnd canonical.Position
@@ -557,9 +553,7 @@ func TestStreamSlotInUse(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
-	c, slot := streamConn(t, dsn)
-	start, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, start := streamConnAt(t, dsn)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
@@ -572,7 +566,7 @@ func TestStreamSlotInUse(t *testing.T) {
 		return err == nil && active
 	}, 10*time.Second, 10*time.Millisecond)
 
-	_, err = c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
+	_, err := c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
 	assert.ErrorIs(t, err, siphon.ErrSlotInUse)
 	stop()
 	require.NoError(t, <-done)
@@ -589,9 +583,7 @@ func TestStreamSlowEmitKeepsTheSession(t *testing.T) {
 	require.NoError(t, err)
 	defer admin.Close(ctx)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY, pad text)")
-	c, slot := streamConn(t, dsn)
-	start, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, start := streamConnAt(t, dsn)
 	// Enough rows that the decoded batches fill up while emit sleeps, so
 	// the reader is held back too and cannot see the server's keepalives.
 	const rows = 20000
@@ -672,9 +664,7 @@ func TestBackupIncrementalBound(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY, note text)")
-	c, slot := streamConn(t, dsn)
-	since, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, since := streamConnAt(t, dsn)
 
 	execSQL(t, admin, "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)",
 		"INSERT INTO t SELECT i, 'bulk' FROM generate_series(100, 30099) i")
@@ -747,9 +737,7 @@ func TestBackupIncrementalIdleReturnsPromptly(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
-	c, slot := streamConn(t, dsn) // default status interval: 10s
-	since, err := c.CurrentPosition(ctx)
-	require.NoError(t, err)
+	c, slot, since := streamConnAt(t, dsn) // default status interval: 10s
 	for range 3 {
 		var buf bytes.Buffer
 		began := time.Now()
