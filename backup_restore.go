@@ -124,11 +124,10 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) err
 // findRestore finds a pg_restore not older than the target server nor the
 // pg_dump that wrote the backup.
 func (c *Conn) findRestore(ctx context.Context, bin string, h canonical.EnvelopeHeader) (pgdump.Program, error) {
-	var serverVersion string
-	if err := c.pool.QueryRow(ctx, "SELECT current_setting('server_version')").Scan(&serverVersion); err != nil {
+	floor, err := c.serverVersion(ctx)
+	if err != nil {
 		return pgdump.Program{}, err
 	}
-	floor, _ := pgdump.ParseVersion(serverVersion)
 	if tool, err := pgdump.ParseVersion(h.Tool); err == nil && floor.OlderRelease(tool) {
 		floor = tool
 	}
