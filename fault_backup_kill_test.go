@@ -71,9 +71,7 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 	rounds := envInt(t, "SIPHON_BACKUP_KILL_ROUNDS", 5)
 	srv := siphontest.Start(t, siphontest.WithPrivateServer())
 	adminDSN := srv.NewDatabase(t)
-	admin, err := pgx.Connect(ctx, adminDSN)
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) })
+	admin := connectOrFail(t, adminDSN)
 	execSQL(t, admin,
 		`CREATE ROLE kb_dumper LOGIN SUPERUSER PASSWORD 'kb secret: 7'`,
 		`CREATE TABLE kb_a (id int8 PRIMARY KEY, body text, n int)`,

@@ -357,12 +357,3 @@ func (l *restartLoop) wait(t *testing.T) restartLoopResult {
 	require.NoError(t, l.err)
 	return l.res
 }
-
-// connectOrFail opens a session on dsn, closed when the test ends.
-func connectOrFail(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}

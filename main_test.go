@@ -54,10 +54,16 @@ func newDatabase(t *testing.T) (string, *pgx.Conn) {
 	t.Helper()
 	dsn := siphontest.Start(t).NewDatabase(t)
 	t.Cleanup(func() { checkNothingLeftRunning(t, dsn) })
+	return dsn, connectOrFail(t, dsn)
+}
+
+// connectOrFail opens a session on dsn, closed when the test ends.
+func connectOrFail(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
 	conn, err := pgx.Connect(context.Background(), dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	return dsn, conn
+	return conn
 }
 
 // execSQL runs statements on conn, failing the test on error.
