@@ -270,7 +270,7 @@ func checkAtSnapshot(t *canonical.Table, r *relAtSnapshot) error {
 	if len(r.cols) > len(t.Columns) {
 		return fail(r.cols[len(t.Columns)].name, "the column exists at the snapshot but not in the schema")
 	}
-	if !slices.Equal(r.primaryKey, t.PrimaryKey) && !(len(r.primaryKey) == 0 && len(t.PrimaryKey) == 0) {
+	if !slices.Equal(r.primaryKey, t.PrimaryKey) { // nil and empty are equal
 		return fail("", fmt.Sprintf("the primary key is (%s) at the snapshot, (%s) in the schema",
 			strings.Join(r.primaryKey, ", "), strings.Join(t.PrimaryKey, ", ")))
 	}
