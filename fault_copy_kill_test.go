@@ -293,21 +293,7 @@ func runKilledCopyChild(t *testing.T, env []string, maxCommits int) string {
 // report.
 func runLastCopyChild(t *testing.T, env []string) string {
 	t.Helper()
-	cmd := childCmd("copy-resume", env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		require.NoError(t, err, "last copy child\nstderr: %s", stderr.String())
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("the last copy child did not finish within a minute\nstderr: %s", stderr.String())
-	}
-	return "\n" + stdout.String()
+	return "\n" + runChild(t, "the last copy child", "copy-resume", env...)
 }
 
 // copyKilledWhere tells from a killed child's report where the kill landed,

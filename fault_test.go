@@ -237,20 +237,9 @@ func runKilledChild(t *testing.T, env []string, delay time.Duration) string {
 // transaction and returns that transaction's Position.
 func runLastChild(t *testing.T, env []string) canonical.Position {
 	t.Helper()
-	cmd, stdout, stderr := faultChildCmd(env)
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		require.NoError(t, err, "last child\nstderr: %s", stderr)
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("the last child did not catch up within a minute\nstderr: %s", stderr)
-	}
-	_, line, ok := strings.Cut(stdout.String(), "\nend ")
-	require.True(t, ok, "no end line in %q", stdout.String())
+	out := runChild(t, "the last child", "cdc-loop", env...)
+	_, line, ok := strings.Cut(out, "\nend ")
+	require.True(t, ok, "no end line in %q", out)
 	pos, err := canonical.ParsePosition(strings.TrimSpace(line))
 	require.NoError(t, err)
 	return pos

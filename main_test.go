@@ -1,11 +1,13 @@
 package siphon_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -44,6 +46,28 @@ func childCmd(mode string, env ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), childModeEnv+"="+mode), env...)
 	return cmd
+}
+
+// runChild runs the child mode named mode to completion, with env added,
+// and returns its standard output. The test fails if the child fails or has
+// not exited within a minute; what names the child in the message.
+func runChild(t *testing.T, what, mode string, env ...string) string {
+	t.Helper()
+	cmd := childCmd(mode, env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "%s\nstderr: %s", what, stderr.String())
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("%s did not finish within a minute\nstderr: %s", what, stderr.String())
+	}
+	return stdout.String()
 }
 
 // newDatabase returns a fresh database's DSN and an admin session on it,
