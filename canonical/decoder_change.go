@@ -90,8 +90,11 @@ func (d *Decoder) rowChange(ch *Change) (*Table, error) {
 	if problem != "" {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidRecord, problem)
 	}
-	what := "an " + ch.Op.String()
-	if ch.Op == OpDelete {
+	what := "an insert" // constants: this runs for every row change
+	switch ch.Op {
+	case OpUpdate:
+		what = "an update"
+	case OpDelete:
 		what = "a delete"
 	}
 	t, err := d.tableOf(what)

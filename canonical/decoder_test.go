@@ -38,6 +38,8 @@ func TestDecoderErrors(t *testing.T) {
 		{"no record type", lines(snapshotHeaderLine, `{"schema":"public"}`), 2, 0, ErrInvalidRecord, `no "t" member`},
 		{"row before its table", lines(snapshotHeaderLine, row(`["1","x"]`), tableLine), 2, 0, ErrUnknownTable, "a row for public.t before any table record"},
 		{"insert before its table", lines(changesHeaderLine, beginLine, insert(`,"new":["1","x"]`)), 3, 0, ErrUnknownTable, "an insert for public.t"},
+		{"update before its table", lines(changesHeaderLine, beginLine, strings.Replace(insert(`,"new":["1","x"]`), "insert", "update", 1)), 3, 0, ErrUnknownTable, "an update for public.t"},
+		{"delete before its table", lines(changesHeaderLine, beginLine, strings.Replace(insert(`,"old":["1","x"]`), "insert", "delete", 1)), 3, 0, ErrUnknownTable, "a delete for public.t"},
 		{"duplicated header", lines(snapshotHeaderLine, tableLine, snapshotHeaderLine), 3, 0, ErrOrder, "second header"},
 		{"first record not a header", lines(tableLine), 1, 0, ErrOrder, "starts with a table record"},
 		{"wrong version", lines(`{"t":"header","format":"siphon.jsonl","version":2,"kind":"future","position":42}`), 1, 0, ErrUnsupportedVersion, "version 2"},
