@@ -101,24 +101,20 @@ func BenchmarkBackup(b *testing.B) {
 		b.ReportMetric(float64(bb.rows)*float64(b.N)/total.Seconds(), "rows/s")
 		b.ReportMetric(float64(bytes)/1e6, "MB/op")
 	}
-	b.Run("pg_dump_Fc", func(b *testing.B) {
-		var total time.Duration
-		var size int64
-		for b.Loop() {
-			d, n := bb.pgDumpFc(b)
-			total, size = total+d, n
-		}
-		report(b, total, size)
-	})
-	b.Run("siphon", func(b *testing.B) {
-		var total time.Duration
-		var size int64
-		for b.Loop() {
-			d, n := bb.backup(b)
-			total, size = total+d, n
-		}
-		report(b, total, size)
-	})
+	for _, run := range []struct {
+		name string
+		once func(*testing.B) (time.Duration, int64)
+	}{{"pg_dump_Fc", bb.pgDumpFc}, {"siphon", bb.backup}} {
+		b.Run(run.name, func(b *testing.B) {
+			var total time.Duration
+			var size int64
+			for b.Loop() {
+				d, n := run.once(b)
+				total, size = total+d, n
+			}
+			report(b, total, size)
+		})
+	}
 	b.Run("ratio", func(b *testing.B) {
 		sideBySide(b, "x_pg_dump", false, 0,
 			func() time.Duration { d, _ := bb.backup(b); return d },
@@ -257,20 +253,18 @@ func BenchmarkRestore(b *testing.B) {
 		b.ReportMetric(float64(rb.rows)*float64(b.N)/total.Seconds(), "rows/s")
 		b.ReportMetric(0, "ns/op")
 	}
-	b.Run("pg_restore", func(b *testing.B) {
-		var total time.Duration
-		for b.Loop() {
-			total += rb.pgRestoreFile(b)
-		}
-		report(b, total)
-	})
-	b.Run("siphon", func(b *testing.B) {
-		var total time.Duration
-		for b.Loop() {
-			total += rb.restore(b)
-		}
-		report(b, total)
-	})
+	for _, run := range []struct {
+		name string
+		once func(*testing.B) time.Duration
+	}{{"pg_restore", rb.pgRestoreFile}, {"siphon", rb.restore}} {
+		b.Run(run.name, func(b *testing.B) {
+			var total time.Duration
+			for b.Loop() {
+				total += run.once(b)
+			}
+			report(b, total)
+		})
+	}
 	b.Run("ratio", func(b *testing.B) {
 		sideBySide(b, "x_pg_restore", false, rb.rows, func() time.Duration { return rb.restore(b) },
 			func() time.Duration { return rb.pgRestoreFile(b) })
