@@ -199,7 +199,27 @@ func spoolBody(er *canonical.EnvelopeReader, body canonical.BodyFormat, tempDir 
 // untar extracts a directory-format dump from the envelope's body into
 // dir, then reads the envelope to its end (the trailer's checks).
 func untar(er *canonical.EnvelopeReader, dir string) error {
-	tr := tar.NewReader(er)
+	err := readDumpTar(er, func(name string, body io.Reader) error {
+		return writeFile(filepath.Join(dir, name), body)
+	})
+	if err != nil {
+		return err
+	}
+	// The tar ends before the body does (padding); the envelope's checks
+	// are at its very end.
+	_, err = io.Copy(io.Discard, er)
+	return err
+}
+
+// errNoTOC: a tar without toc.dat is not a directory-format dump.
+var errNoTOC = errors.New("the dump's tar has no toc.dat: it is not a directory-format dump")
+
+// readDumpTar reads a directory-format dump carried as a tar, calling each
+// with every file in turn. It refuses an entry that is not a plain, flat,
+// distinct file (see checkTarEntry), and a tar without toc.dat
+// ([errNoTOC]).
+func readDumpTar(r io.Reader, each func(name string, body io.Reader) error) error {
+	tr := tar.NewReader(r)
 	seen := map[string]bool{}
 	for {
 		hdr, err := tr.Next()
@@ -212,17 +232,14 @@ func untar(er *canonical.EnvelopeReader, dir string) error {
 		if err := checkTarEntry(hdr, seen); err != nil {
 			return err
 		}
-		if err := writeFile(filepath.Join(dir, hdr.Name), tr); err != nil {
+		if err := each(hdr.Name, tr); err != nil {
 			return err
 		}
 	}
 	if !seen["toc.dat"] {
-		return errors.New("the dump's tar has no toc.dat: it is not a directory-format dump")
+		return errNoTOC
 	}
-	// The tar ends before the body does (padding); the envelope's checks
-	// are at its very end.
-	_, err := io.Copy(io.Discard, er)
-	return err
+	return nil
 }
 
 // checkTarEntry accepts the plain, flat, distinct files of a

@@ -1,7 +1,6 @@
 package siphon
 
 import (
-	"archive/tar"
 	"bufio"
 	"context"
 	"errors"
@@ -213,31 +212,25 @@ func verifyDumpTar(ctx context.Context, er *canonical.EnvelopeReader, h canonica
 		return err
 	}
 	defer remove()
-	tr := tar.NewReader(er)
-	seen := map[string]bool{}
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
+	first := true
+	err = readDumpTar(er, func(name string, body io.Reader) error {
+		if first && name != "toc.dat" {
+			return fmt.Errorf("the dump's tar starts with %q instead of toc.dat", name)
 		}
-		if err == nil {
-			err = checkTarEntry(hdr, seen)
+		first = false
+		if name == "toc.dat" {
+			return writeFile(filepath.Join(dir, name), body)
 		}
-		if err == nil && len(seen) == 1 && hdr.Name != "toc.dat" {
-			err = fmt.Errorf("the dump's tar starts with %q instead of toc.dat", hdr.Name)
-		}
-		if err == nil && hdr.Name == "toc.dat" {
-			err = writeFile(filepath.Join(dir, "toc.dat"), tr)
-		}
-		if err != nil {
-			if streamProblem(rep, err) != nil {
-				rep.problem("the body is not a directory-format dump as a tar: %v", err)
-			}
-			return nil
-		}
-	}
-	if !seen["toc.dat"] {
+		return nil
+	})
+	switch {
+	case errors.Is(err, errNoTOC):
 		rep.problem("the body's tar has no toc.dat: it is not a directory-format dump")
+		return nil
+	case err != nil:
+		if streamProblem(rep, err) != nil {
+			rep.problem("the body is not a directory-format dump as a tar: %v", err)
+		}
 		return nil
 	}
 	listing, err := pgdump.ListFile(ctx, pgdump.ListOptions{Exec: pgdump.ExecOptions{ServerVersion: toolVersion(h)}}, dir)
