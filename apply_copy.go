@@ -64,7 +64,7 @@ func (s *applySession) copyRows(ctx context.Context, src *recordSource, rec cano
 		return err
 	}
 	rd := &copyReader{src: src, table: rec.Table, first: []canonical.Row{rec.Row}}
-	err = s.copyFrom(ctx, rd, b.copySQL(b.quoted))
+	err = s.copyFrom(ctx, rd, b.copySQL())
 	switch {
 	case rd.err != nil:
 		return rd.err
@@ -84,7 +84,7 @@ func (cc *changeConsumer) copyRun(ctx context.Context) error {
 		return err
 	}
 	rd := &copyReader{src: cc.src, table: cc.run.table, insert: true, first: cc.run.rows}
-	err := s.copyFrom(ctx, rd, b.copySQL(b.quoted))
+	err := s.copyFrom(ctx, rd, b.copySQL())
 	cc.unit.changes += rd.count - len(cc.run.rows)
 	cc.run = insertRun{rows: cc.run.rows[:0]}
 	switch {
@@ -118,7 +118,7 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 	}
 	// The rows are in memory: the COPY runs while the stream is read on.
 	rd := &copyReader{table: table, first: rows}
-	return cc.s.copyInBackground(ctx, rd, b.copySQL(b.quoted), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source))
+	return cc.s.copyInBackground(ctx, rd, b.copySQL(), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source))
 }
 
 // keysExist tells whether rows cannot be copied into b's table: a key is in
@@ -259,19 +259,19 @@ func arrayLiteral(rows []canonical.Row, col int) string {
 	return b.String()
 }
 
-func (b *binding) allColumns() string {
+// copySQL is the COPY FROM STDIN (text format) of every bound column into
+// b's table.
+func (b *binding) copySQL() string {
 	var s strings.Builder
+	s.WriteString("COPY " + b.quoted + " (")
 	for i, c := range b.cols {
 		if i > 0 {
 			s.WriteString(", ")
 		}
 		s.WriteString(c.quoted)
 	}
+	s.WriteString(") FROM STDIN")
 	return s.String()
-}
-
-func (b *binding) copySQL(into string) string {
-	return "COPY " + into + " (" + b.allColumns() + ") FROM STDIN"
 }
 
 // copyReader feeds COPY FROM STDIN (text format) with rows: first the ones
