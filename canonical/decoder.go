@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultMaxLineBytes is the longest line a [Decoder] accepts unless told
@@ -191,9 +192,9 @@ func (d *Decoder) fail(err error, record string) error {
 	if errors.As(err, &ce) {
 		de.Col = ce.off + 1
 	}
-	if d.cut && errors.Is(err, ErrSyntax) {
-		// A last line without its newline that does not parse was most
-		// likely cut short.
+	if d.cut && (errors.Is(err, ErrSyntax) || ce != nil && errors.Is(err, ErrInvalidUTF8) && !utf8.FullRune(d.sc.data[ce.off:])) {
+		// A last line without its newline that does not parse, or that
+		// ends inside a character, was most likely cut short.
 		de.Err = fmt.Errorf("%w: the last line is incomplete: %w", ErrTruncated, err)
 	}
 	d.err = de

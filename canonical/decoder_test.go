@@ -32,6 +32,8 @@ func TestDecoderErrors(t *testing.T) {
 		{"header only", lines(snapshotHeaderLine), 2, 0, ErrTruncated, "line 2: stream ends without an end record"},
 		{"cut after a row", lines(snapshotHeaderLine, tableLine, row(`["1","x"]`)), 4, 0, ErrTruncated, "unexpected EOF"},
 		{"cut inside a line", []byte(snapshotHeaderLine + "\n" + tableLine + "\n" + `{"t":"row","sch`), 3, 0, ErrTruncated, "last line is incomplete"},
+		{"cut inside a character", []byte(snapshotHeaderLine + "\n" + tableLine + "\n" + `{"t":"row","schema":"public","table":"t","values":["1","caf` + "\xc3"), 3, 60, ErrTruncated, "last line is incomplete"},
+		{"invalid UTF-8 on a last line without newline", []byte(snapshotHeaderLine + "\n" + tableLine + "\n" + row("[\"1\",\"caf\xc3\"]")), 3, 60, ErrInvalidUTF8, "byte 0xc3"},
 		{"corrupted JSON", lines(snapshotHeaderLine, tableLine, `{"t":"row","schema":"public""table":"t"}`), 3, 29, ErrSyntax, "line 3, byte 29 (row record)"},
 		{"not JSON at all", lines("PGDMP\x01\x0e"), 1, 1, ErrSyntax, "line 1, byte 1"},
 		{"unknown record type", lines(snapshotHeaderLine, `{"t":"upsert"}`), 2, 0, ErrInvalidRecord, `unknown record type "upsert"`},
