@@ -101,7 +101,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -131,9 +130,6 @@ type Conn struct {
 	tables []canonical.TableName // from WithTables; empty means every user table
 	log    *slog.Logger
 	apply  applyCache // target tables ApplyChange has looked up
-
-	closeOnce sync.Once
-	closeErr  error
 }
 
 // Connect checks the options, connects to the database dsn names (a
@@ -186,11 +182,11 @@ func (c *Conn) checkServer(ctx context.Context) error {
 	return nil
 }
 
-// Close releases the Conn's sessions. It is safe to call more than once and
-// returns the first call's result.
+// Close releases the Conn's sessions. It is safe to call more than once
+// (the pool closes once) and returns nil: closing cannot fail.
 func (c *Conn) Close() error {
-	c.closeOnce.Do(func() { c.pool.Close() })
-	return c.closeErr
+	c.pool.Close()
+	return nil
 }
 
 // Errors callers can branch on with errors.Is.
