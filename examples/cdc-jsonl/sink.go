@@ -151,11 +151,13 @@ func finishFile(path string) (canonical.Position, error) {
 		if err == nil && rec.Type == canonical.RecordEnd {
 			return rec.Position, nil // a finished file
 		}
-		if errors.Is(err, canonical.ErrTruncated) || errors.As(err, new(*canonical.DecodeError)) {
+		if errors.Is(err, canonical.ErrTruncated) {
 			break // cut by a crash: keep what is complete
 		}
 		if err != nil {
-			return 0, err
+			// Not a cut but damage or a read error: dropping the rest
+			// would lose transactions already acknowledged.
+			return 0, fmt.Errorf("%s: %w", path, err)
 		}
 		pending = append(pending, rec)
 		if rec.Type == canonical.RecordChange && rec.Change.Op == canonical.OpCommit {
