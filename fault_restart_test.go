@@ -107,7 +107,7 @@ func TestSourceRestartMidStreamLosesNothing(t *testing.T) {
 	require.NoError(t, err)
 	assert.Greater(t, applied, msgLSN, "the last commit ends after its message")
 	for _, table := range []string{"fault_events", "fault_accounts"} {
-		assert.Equal(t, digestOf(t, srcConn, table), digestOf(t, tgtConn, table), table)
+		assert.Equal(t, digest(t, srcConn, table), digest(t, tgtConn, table), table)
 	}
 	var events int64
 	require.NoError(t, srcConn.QueryRow(ctx, "SELECT count(*) FROM fault_events").Scan(&events))

@@ -113,7 +113,7 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Greater(t, applied, msgLSN, "the last commit ends after its message")
 	for _, table := range []string{"fault_events", "fault_accounts"} {
-		assert.Equal(t, digestOf(t, srcConn, table), digestOf(t, tgtConn, table), table)
+		assert.Equal(t, digest(t, srcConn, table), digest(t, tgtConn, table), table)
 	}
 	assert.Equal(t, [][]*string(nil), rawRows(t, tgtConn,
 		"SELECT seq::text, count(*)::text FROM fault_events GROUP BY seq HAVING count(*) > 1 ORDER BY seq LIMIT 10"),

@@ -207,7 +207,7 @@ func TestDSNSettingsReachEverySession(t *testing.T) {
 				execSQL(t, tgt, "COMMIT")
 				require.NoError(t, <-done)
 				assertSSL(t, sessions, mode.ssl, "pg_restore's session")
-				assert.Equal(t, digestOf(t, src, "t"), digestOf(t, tgt, "t"), "restored")
+				assert.Equal(t, digest(t, src, "t"), digest(t, tgt, "t"), "restored")
 				require.NoError(t, target.Close())
 			})
 
