@@ -24,6 +24,7 @@ import (
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/pgdump"
 )
 
 // snapSlotName returns a slot name unique on the server (slots are
@@ -791,8 +792,9 @@ func TestSnapshotNameForPgDump(t *testing.T) {
 	snap := snapTake(t, c)
 	execSQL(t, admin, `INSERT INTO t VALUES (6)`, `DELETE FROM t WHERE id = 1`)
 
-	pgDump := strings.TrimSuffix(findPsql(t), "psql") + "pg_dump"
-	out, err := exec.Command(pgDump, "--snapshot="+snap.Name(), "--data-only", "--table=t", "--dbname="+dsn).CombinedOutput()
+	pgDump, err := pgdump.Find(context.Background(), "pg_dump", "", pgdump.Version{})
+	require.NoError(t, err)
+	out, err := exec.Command(pgDump.Path, "--snapshot="+snap.Name(), "--data-only", "--table=t", "--dbname="+dsn).CombinedOutput()
 	require.NoError(t, err, string(out))
 	assert.Contains(t, string(out), "COPY public.t (id) FROM stdin;\n1\n2\n3\n4\n5\n\\.\n")
 
