@@ -68,7 +68,7 @@ func (s *applySession) copyRows(ctx context.Context, src *recordSource, rec cano
 	switch {
 	case rd.err != nil:
 		return rd.err
-	case isCode(err, "23505"):
+	case isCode(err, codeUniqueViolation):
 		return fmt.Errorf("copy rows into %s: %w (a snapshot loads into empty tables)", b.source, err)
 	case err != nil:
 		return fmt.Errorf("copy rows into %s: %w", b.source, err)

@@ -134,12 +134,12 @@ func (t tracker) release(ctx context.Context, conn *pgx.Conn) error {
 
 func setupOrigin(ctx context.Context, conn *pgx.Conn, name string) error {
 	_, err := conn.Exec(ctx, "SELECT pg_replication_origin_create($1) WHERE pg_replication_origin_oid($1) IS NULL", name)
-	var pgErr *pgconn.PgError
-	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "23505") { // created meanwhile by another session
+	if err != nil && !isCode(err, codeUniqueViolation) { // created meanwhile by another session
 		return fmt.Errorf("create replication origin %q: %w", name, err)
 	}
 	if _, err := conn.Exec(ctx, "SELECT pg_replication_origin_session_setup($1)", name); err != nil {
-		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == codeObjectInUse {
 			return fmt.Errorf("%w (replication origin %q: %s)", ErrApplyInProgress, name, pgErr.Message)
 		}
 		return fmt.Errorf("set up replication origin %q: %w", name, err)
@@ -363,7 +363,7 @@ func (c *Conn) dropOrigin(ctx context.Context, name string) error {
 	_, err := c.pool.Exec(ctx, "SELECT pg_replication_origin_drop($1)", name)
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "55006":
+	case errors.As(err, &pgErr) && pgErr.Code == codeObjectInUse:
 		return fmt.Errorf("%w (%s)", ErrApplyInProgress, pgErr.Message)
 	case err != nil:
 		return fmt.Errorf("drop replication origin %q: %w", name, err)

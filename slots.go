@@ -66,6 +66,7 @@ const (
 	codeDuplicateObject     = "42710"
 	codeUniqueViolation     = "23505"
 	codeUndefinedObject     = "42704"
+	codeUndefinedTable      = "42P01"
 	codeObjectInUse         = "55006"
 )
 

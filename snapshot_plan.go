@@ -319,7 +319,7 @@ func lockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan) error {
 	defer res.Close()
 	for _, r := range rels {
 		if _, err := res.Exec(); err != nil {
-			if isCode(err, "42P01") {
+			if isCode(err, codeUndefinedTable) {
 				return &SchemaIncompatibleError{Table: r.name, Problem: "the table was renamed or dropped after the snapshot"}
 			}
 			return fmt.Errorf("lock %s: %w", r.name, err)
@@ -334,7 +334,7 @@ func lockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan) error {
 // for the copy: fail instead of deadlocking.
 func lockRelationNoWait(ctx context.Context, tx *pgx.Conn, r *relPlan) error {
 	_, err := tx.Exec(ctx, "LOCK TABLE ONLY "+quoteTable(r.name)+" IN ACCESS SHARE MODE NOWAIT")
-	if isCode(err, "55P03") {
+	if isCode(err, codeLockNotAvailable) {
 		return &SchemaIncompatibleError{Table: r.name, Problem: "a statement that needs an ACCESS EXCLUSIVE lock (ALTER TABLE, VACUUM FULL, TRUNCATE, CLUSTER...) is waiting for the table: the copy stops rather than deadlock with it; copy again once that statement is done"}
 	}
 	if err != nil {

@@ -521,14 +521,13 @@ func wrapStreamError(err error, pos canonical.Position) error {
 		gap   *ResumeGapError
 		intr  *StreamInterruptedError
 		emitE *emitError
-		pgErr *pgconn.PgError
 	)
 	switch {
 	case errors.As(err, &gap), errors.As(err, &intr):
 		return err
 	case errors.As(err, &emitE):
 		return emitE
-	case errors.As(err, &pgErr) && pgErr.Code == "55006": // object in use: the slot was taken meanwhile
+	case isCode(err, codeObjectInUse): // the slot was taken meanwhile
 		return fmt.Errorf("siphon: stream changes: %w: %v", ErrSlotInUse, err)
 	case isInterruption(err):
 		return &StreamInterruptedError{Position: pos, Err: err}
@@ -549,7 +548,7 @@ func isInterruption(err error) bool {
 		case "57", "08": // operator intervention, connection exception
 			return true
 		}
-		return pgErr.Code == "53300" // too many connections
+		return pgErr.Code == codeTooManyConnections
 	}
 	var netErr net.Error
 	var connectErr *pgconn.ConnectError
