@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -201,4 +203,19 @@ func sideBySide(b *testing.B, unit string, speed bool, rows int, ours, theirs fu
 		b.ReportMetric(n/theirsTotal.Seconds(), "reference_rows/s")
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// clientProgram finds the PostgreSQL client program name on PATH or beside
+// the server binaries (the last under /usr/lib/postgresql/*/bin), or skips
+// the benchmark, which compares with it.
+func clientProgram(tb testing.TB, name string) string {
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/" + name)
+	sort.Strings(found)
+	if len(found) == 0 {
+		tb.Skipf("%s not found: the benchmark compares with it", name)
+	}
+	return found[len(found)-1]
 }

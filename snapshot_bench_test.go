@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -37,7 +36,7 @@ import (
 //	SIPHON_BENCH_ROWS=1000000 go test -run '^$' -bench BenchmarkSnapshotCopy -benchtime 3x
 func BenchmarkSnapshotCopy(b *testing.B) {
 	rows := benchRows(b)
-	psql := findPsql(b)
+	psql := clientProgram(b, "psql")
 	ctx := context.Background()
 	dsn := siphontest.Start(b).NewDatabase(b)
 	admin, err := pgx.Connect(ctx, dsn)
@@ -160,18 +159,6 @@ func vsPgDump(b *testing.B, dsn string, rows int, devNull *os.File, emit func())
 		emit()
 		return time.Since(start)
 	}, dump)
-}
-
-// findPsql finds psql on PATH or beside the PostgreSQL server binaries.
-func findPsql(tb testing.TB) string {
-	if p, err := exec.LookPath("psql"); err == nil {
-		return p
-	}
-	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql")
-	if len(found) == 0 {
-		tb.Skip("psql not found: the benchmark compares with it")
-	}
-	return found[len(found)-1]
 }
 
 // countingWriter counts the bytes written to it, and discards them.

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,19 +19,6 @@ import (
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/siphontest"
 )
-
-// pgRecvlogical finds the pg_recvlogical binary.
-func pgRecvlogical(tb testing.TB) string {
-	if p, err := exec.LookPath("pg_recvlogical"); err == nil {
-		return p
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_recvlogical")
-	sort.Strings(dirs)
-	if len(dirs) == 0 {
-		tb.Skip("pg_recvlogical not found")
-	}
-	return dirs[len(dirs)-1]
-}
 
 // benchSource is a database with a pgoutput slot ("bench_src") in front of
 // a workload on the standard table, which ends with the marker message.
@@ -141,7 +127,7 @@ func (s *benchSource) recvlogical(b *testing.B, slot string, binary bool) stream
 	if binary {
 		args = append(args, "-o", "binary=true")
 	}
-	cmd := exec.Command(pgRecvlogical(b), args...)
+	cmd := exec.Command(clientProgram(b, "pg_recvlogical"), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	watch := s.watchBackend(slot)
