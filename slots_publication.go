@@ -48,11 +48,7 @@ func (c *Conn) createPublicationSQL() string {
 	if len(c.tables) == 0 {
 		return stmt + " FOR ALL TABLES"
 	}
-	names := make([]string, len(c.tables))
-	for i, t := range c.tables {
-		names[i] = quoteTable(t)
-	}
-	return stmt + " FOR TABLE " + strings.Join(names, ", ")
+	return stmt + " FOR TABLE " + tableList(c.tables)
 }
 
 // PublicationMismatchError reports a publication that exists but does not
