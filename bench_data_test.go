@@ -75,9 +75,7 @@ func benchInsert(lo, hi string) string {
 // rows, vacuumed and analyzed.
 func loadBenchTable(tb testing.TB, conn *pgx.Conn, rows int) {
 	tb.Helper()
-	mustExec(tb, conn, benchTableDDL)
-	mustExec(tb, conn, benchInsert("1", strconv.Itoa(rows)))
-	mustExec(tb, conn, "VACUUM (FREEZE, ANALYZE) bench")
+	execSQL(tb, conn, benchTableDDL, benchInsert("1", strconv.Itoa(rows)), "VACUUM (FREEZE, ANALYZE) bench")
 }
 
 // benchWorkload is a stream of changes to the standard table, each
@@ -116,7 +114,7 @@ func (w benchWorkload) run(tb testing.TB, conn *pgx.Conn) canonical.Position {
 			strings.ReplaceAll(stmt, "$hi", "least(lo + "+strconv.Itoa(w.perTx-1)+", "+strconv.Itoa(to)+")") +
 			";\nCOMMIT;\nEND LOOP;\n"
 	}
-	mustExec(tb, conn, "DO $$\nBEGIN\n"+
+	execSQL(tb, conn, "DO $$\nBEGIN\n"+
 		loop(1, w.inserts, benchInsert("lo", "$hi"))+
 		loop(1, w.updates, `UPDATE bench SET name = name || ' (updated)', amount = amount + 1, at = at + interval '1 hour',
 			tags = tags || 'updated'::text, attrs = attrs || '{"updated": true}', flag = NOT flag, ref = md5('new' || id)::uuid
@@ -157,13 +155,6 @@ func copyTextValue(f string) canonical.Value {
 		return canonical.Text(f)
 	}
 	return canonical.Text(strings.NewReplacer(`\\`, `\`, `\t`, "\t", `\n`, "\n", `\r`, "\r").Replace(f))
-}
-
-func mustExec(tb testing.TB, conn *pgx.Conn, sql string) {
-	tb.Helper()
-	if _, err := conn.Exec(context.Background(), sql); err != nil {
-		tb.Fatal(err)
-	}
 }
 
 // sideBySide runs ours and theirs (the reference tool) once each per

@@ -90,11 +90,11 @@ func connectOrFail(t *testing.T, dsn string) *pgx.Conn {
 	return conn
 }
 
-// execSQL runs statements on conn, failing the test on error.
-func execSQL(t *testing.T, conn *pgx.Conn, statements ...string) {
-	t.Helper()
+// execSQL runs statements on conn, failing the test or benchmark on error.
+func execSQL(tb testing.TB, conn *pgx.Conn, statements ...string) {
+	tb.Helper()
 	for _, s := range statements {
 		_, err := conn.Exec(context.Background(), s)
-		require.NoError(t, err, s)
+		require.NoError(tb, err, s)
 	}
 }

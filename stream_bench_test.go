@@ -41,7 +41,7 @@ func newBenchSource(b *testing.B, work benchWorkload) *benchSource {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { admin.Close(ctx) })
-	mustExec(b, admin, benchTableDDL)
+	execSQL(b, admin, benchTableDDL)
 	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot("bench_src"))
 	if err != nil {
 		b.Fatal(err)
@@ -60,7 +60,7 @@ func (s *benchSource) copySlot(b *testing.B) string {
 	b.Helper()
 	s.seq++
 	name := fmt.Sprintf("bench_copy_%d", s.seq)
-	mustExec(b, s.admin, "SELECT pg_copy_logical_replication_slot('bench_src', '"+name+"')")
+	execSQL(b, s.admin, "SELECT pg_copy_logical_replication_slot('bench_src', '"+name+"')")
 	b.Cleanup(func() { s.admin.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", name) })
 	return name
 }
