@@ -166,10 +166,12 @@ func TestRestoreChainToATime(t *testing.T) {
 	t.Parallel()
 	f := newChainFixture(t)
 	dsn, c, dst := restoreTarget(t)
-	_, err := c.RestoreChain(context.Background(), siphon.RestoreChainOptions{TargetTime: f.after[4].at},
+	pos, err := c.RestoreChain(context.Background(), siphon.RestoreChainOptions{TargetTime: f.after[4].at},
 		bytes.NewReader(f.base), readers(f.incrementals...)...)
 	require.NoError(t, err)
 	assert.Equal(t, []int{1, 2, 3, 4}, ticksOf(t, dst), "the transactions committed by then")
+	assert.LessOrEqual(t, pos, f.after[4].insertLSN, "the Position returned is tick 4's commit")
+	assert.Greater(t, pos, f.after[3].insertLSN, "the Position returned is tick 4's commit")
 	assert.Equal(t, f.after[4].digest, digest(t, dst, "tbl"))
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn)
