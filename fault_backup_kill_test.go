@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -30,7 +31,11 @@ const (
 	backupChildOut  = "SIPHON_BACKUP_CHILD_OUT"  // the file the backup goes to
 	backupChildTemp = "SIPHON_BACKUP_CHILD_TEMP" // BackupOptions.TempDir
 	backupChildJobs = "SIPHON_BACKUP_CHILD_JOBS"
-	backupChildBase = "SIPHON_BACKUP_CHILD_BASE" // "1": BaseSlot
+	backupChildBase = "SIPHON_BACKUP_CHILD_BASE" // "true": BaseSlot
+	// backupChildHold is how many body bytes the child writes to its
+	// output before its writes block until it is killed: it cannot finish
+	// its backup before the test kills it.
+	backupChildHold = "SIPHON_BACKUP_CHILD_HOLD"
 )
 
 // backupKillMode is one way to run the killed backup.
@@ -119,9 +124,17 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 		if m.jobs > 1 {
 			progress = func() int64 { return fileSizes(filepath.Join(temp, "siphon-backup-*", "*")) }
 		}
+		// The child's output holds at killAt body bytes (a custom-format
+		// dump: pg_dump then blocks on its pipe), or halfway through the
+		// tar it writes once its parallel dump is complete: the kill, once
+		// progress reaches killAt, always finds it running.
 		killAt := rand.Int64N(sizes[m.jobs] * 9 / 10)
-		r := killBackupChild(t, append(env, backupChildJobs+"="+strconv.Itoa(m.jobs), backupChildBase+"="+strconv.FormatBool(m.baseSlot)),
-			database, progress, killAt)
+		hold := killAt
+		if m.jobs > 1 {
+			hold = sizes[m.jobs] / 2
+		}
+		r := killBackupChild(t, append(env, backupChildJobs+"="+strconv.Itoa(m.jobs), backupChildBase+"="+strconv.FormatBool(m.baseSlot),
+			backupChildHold+"="+strconv.FormatInt(hold, 10)), database, progress, killAt)
 		awaitNoLeftovers(t, admin, slot)
 		left := dirNames(t, temp)
 
@@ -188,7 +201,8 @@ type killedBackup struct {
 
 // killBackupChild starts the backup child, waits until its pg_dump runs,
 // SIGKILLs the child once progress reports killAt bytes dumped, and waits
-// until no pg_dump of database is left.
+// until no pg_dump of database is left. The child holds its output before
+// it can end (backupChildHold), so an exit before the kill is a failure.
 func killBackupChild(t *testing.T, env []string, database string, progress func() int64, killAt int64) killedBackup {
 	t.Helper()
 	cmd := childCmd("backup-kill", env...)
@@ -377,13 +391,43 @@ func backupKillChild() error {
 		return err
 	}
 	defer c.Close()
+	hold, err := strconv.ParseInt(os.Getenv(backupChildHold), 10, 64)
+	if err != nil {
+		return err
+	}
 	f, err := os.Create(os.Getenv(backupChildOut))
 	if err != nil {
 		return err
 	}
 	opt := siphon.BackupOptions{Jobs: jobs, BaseSlot: os.Getenv(backupChildBase) == "true", TempDir: os.Getenv(backupChildTemp)}
-	err = c.Backup(ctx, opt, f)
+	err = c.Backup(ctx, opt, &holdingWriter{ctx: ctx, w: f, header: true, left: hold})
 	return errors.Join(err, f.Close(), errors.New("the backup ended before the kill"))
+}
+
+// holdingWriter passes writes on to w until left bytes have passed, then
+// blocks until ctx is done. The first write passes whole when header is
+// set: the envelope's magic and header lines, which come before the body.
+type holdingWriter struct {
+	ctx    context.Context
+	w      io.Writer
+	header bool
+	left   int64
+}
+
+func (h *holdingWriter) Write(p []byte) (int, error) {
+	if h.header {
+		h.header = false
+		return h.w.Write(p)
+	}
+	n := int(min(int64(len(p)), h.left))
+	if _, err := h.w.Write(p[:n]); err != nil {
+		return 0, err
+	}
+	if h.left -= int64(n); n < len(p) {
+		<-h.ctx.Done()
+		return n, h.ctx.Err()
+	}
+	return n, nil
 }
 
 // The environment of the restore child, the test binary in child mode
@@ -393,6 +437,7 @@ const (
 	restoreChildIn   = "SIPHON_RESTORE_CHILD_IN"
 	restoreChildTemp = "SIPHON_RESTORE_CHILD_TEMP"
 	restoreChildJobs = "SIPHON_RESTORE_CHILD_JOBS"
+	restoreChildHold = "SIPHON_RESTORE_CHILD_HOLD" // bytes of input read before the input holds
 )
 
 // TestKillRestoreLeavesNothing runs Restore in a child process and
@@ -402,7 +447,9 @@ const (
 // process and no session is left, and the next Restore (into a fresh
 // database: the killed one holds part of the data) succeeds, gives the
 // source's data, and leaves TempDir empty, the killed run's spooled body
-// included.
+// included. The killed restore cannot end before its kill: a spooling
+// child's input holds at a random byte, and pg_restore's index builds wait
+// for a lock the test holds until after the kill.
 func TestKillRestoreLeavesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -416,7 +463,8 @@ func TestKillRestoreLeavesNothing(t *testing.T) {
 		`INSERT INTO kr_b SELECT i, md5(i::text) FROM generate_series(1, 150000) i`)
 	c, _ := backupConn(t, srcDSN)
 	backupFile := filepath.Join(t.TempDir(), "full.siphon")
-	require.NoError(t, os.WriteFile(backupFile, backup(t, c, siphon.BackupOptions{}), 0o600))
+	data := backup(t, c, siphon.BackupOptions{})
+	require.NoError(t, os.WriteFile(backupFile, data, 0o600))
 	require.NoError(t, c.Close())
 	want := tableDigests(t, src)
 	temp := t.TempDir()
@@ -425,8 +473,13 @@ func TestKillRestoreLeavesNothing(t *testing.T) {
 		jobs, spooling := 1+i%2, i%3 == 0
 		dstDSN, dst := newDatabase(t)
 		database := dst.Config().Database
+		hold := int64(len(data)) + 1 // more than the backup: the input never holds
+		if spooling {
+			hold = 1 + rand.Int64N(int64(len(data))-1)
+		}
+		release := holdIndexBuilds(t, dstDSN)
 		env := []string{restoreChildDSN + "=" + dstDSN, restoreChildIn + "=" + backupFile, restoreChildTemp + "=" + temp,
-			restoreChildJobs + "=" + strconv.Itoa(jobs)}
+			restoreChildJobs + "=" + strconv.Itoa(jobs), restoreChildHold + "=" + strconv.FormatInt(hold, 10)}
 		cmd := childCmd("restore-kill", env...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
@@ -434,7 +487,8 @@ func TestKillRestoreLeavesNothing(t *testing.T) {
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
 		// Killed once the body is being spooled, or once a COPY of
-		// pg_restore's has loaded a random number of a table's rows.
+		// pg_restore's has loaded a random number of a table's rows (or
+		// every row is in and an index build waits).
 		began := time.Now()
 		where := restoreKillPoint(t, dst, temp, spooling, 1+rand.Int64N(120000), exited)
 		if len(exited) > 0 {
@@ -443,6 +497,7 @@ func TestKillRestoreLeavesNothing(t *testing.T) {
 		require.NoError(t, cmd.Process.Kill())
 		<-exited
 		killed := time.Now()
+		release()
 		require.Eventually(t, func() bool { return len(programProcesses("pg_restore", database)) == 0 },
 			30*time.Second, 5*time.Millisecond, "pg_restore processes left")
 		gone := time.Since(killed)
@@ -463,10 +518,29 @@ func TestKillRestoreLeavesNothing(t *testing.T) {
 	}
 }
 
+// indexBuildLock is the advisory lock that holdIndexBuilds makes CREATE
+// INDEX wait for.
+const indexBuildLock = 7_201_114
+
+// holdIndexBuilds makes every CREATE INDEX in the database at dsn wait for
+// an advisory lock that a session of the test holds until release is
+// called (or the test ends): a restore into it can load every row, but it
+// cannot end.
+func holdIndexBuilds(t *testing.T, dsn string) (release func()) {
+	t.Helper()
+	holder := connectOrFail(t, dsn)
+	execSQL(t, holder,
+		fmt.Sprintf(`CREATE FUNCTION hold_index_build() RETURNS event_trigger LANGUAGE plpgsql AS
+			$$BEGIN PERFORM pg_advisory_lock(%d); PERFORM pg_advisory_unlock(%[1]d); END$$`, indexBuildLock),
+		`CREATE EVENT TRIGGER hold_index_build ON ddl_command_start WHEN TAG IN ('CREATE INDEX') EXECUTE FUNCTION hold_index_build()`,
+		fmt.Sprintf(`SELECT pg_advisory_lock(%d)`, indexBuildLock))
+	return func() { execSQL(t, holder, fmt.Sprintf(`SELECT pg_advisory_unlock(%d)`, indexBuildLock)) }
+}
+
 // restoreKillPoint waits until the restore child is spooling the body
 // into temp, or (not spooling) until one of pg_restore's COPY commands in
-// the target has loaded rows rows, or the child exited, and says where it
-// stands.
+// the target has loaded rows rows or an index build waits for
+// holdIndexBuilds' lock, or the child exited, and says where it stands.
 func restoreKillPoint(t *testing.T, dst *pgx.Conn, temp string, spooling bool, rows int64, exited chan error) string {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && len(exited) == 0; time.Sleep(time.Millisecond) {
@@ -477,11 +551,16 @@ func restoreKillPoint(t *testing.T, dst *pgx.Conn, temp string, spooling bool, r
 			continue
 		}
 		var copied int64
-		err := dst.QueryRow(context.Background(), `SELECT coalesce(max(tuples_processed), 0) FROM pg_stat_progress_copy
-			WHERE datname = current_database()`).Scan(&copied)
+		var waiting bool
+		err := dst.QueryRow(context.Background(), `SELECT
+			(SELECT coalesce(max(tuples_processed), 0) FROM pg_stat_progress_copy WHERE datname = current_database()),
+			EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND NOT granted)`, indexBuildLock).Scan(&copied, &waiting)
 		require.NoError(t, err)
-		if copied >= rows {
+		switch {
+		case copied >= rows:
 			return fmt.Sprintf("mid-COPY, %d rows into a table", copied)
+		case waiting:
+			return "with every row in, at an index build"
 		}
 	}
 	require.NotZero(t, len(exited), "the restore child neither spooled nor copied within 30 s")
@@ -491,11 +570,16 @@ func restoreKillPoint(t *testing.T, dst *pgx.Conn, temp string, spooling bool, r
 func init() { childModes["restore-kill"] = restoreKillChild }
 
 // restoreKillChild is the restore child: one Restore from a file, which
-// the test kills before it ends.
+// the test kills before it ends. Its input holds after restoreChildHold
+// bytes.
 func restoreKillChild() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	jobs, err := strconv.Atoi(os.Getenv(restoreChildJobs))
+	if err != nil {
+		return err
+	}
+	hold, err := strconv.ParseInt(os.Getenv(restoreChildHold), 10, 64)
 	if err != nil {
 		return err
 	}
@@ -509,6 +593,24 @@ func restoreKillChild() error {
 		return err
 	}
 	defer f.Close()
-	err = c.Restore(ctx, siphon.RestoreOptions{Jobs: jobs, TempDir: os.Getenv(restoreChildTemp)}, f)
+	err = c.Restore(ctx, siphon.RestoreOptions{Jobs: jobs, TempDir: os.Getenv(restoreChildTemp)}, &holdingReader{ctx: ctx, r: f, left: hold})
 	return errors.Join(err, errors.New("the restore ended before the kill"))
+}
+
+// holdingReader reads from r until left bytes have passed, then blocks
+// until ctx is done.
+type holdingReader struct {
+	ctx  context.Context
+	r    io.Reader
+	left int64
+}
+
+func (h *holdingReader) Read(p []byte) (int, error) {
+	if h.left == 0 {
+		<-h.ctx.Done()
+		return 0, h.ctx.Err()
+	}
+	n, err := h.r.Read(p[:min(int64(len(p)), h.left)])
+	h.left -= int64(n)
+	return n, err
 }

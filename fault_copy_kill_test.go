@@ -30,6 +30,10 @@ const (
 	copyChildSource = "SIPHON_COPY_CHILD_SOURCE"
 	copyChildTarget = "SIPHON_COPY_CHILD_TARGET"
 	copyChildSlot   = "SIPHON_COPY_CHILD_SLOT"
+	// copyChildHold, "true", makes a child whose copy is complete wait to
+	// be killed rather than exit: a child the test means to kill never
+	// ends by itself.
+	copyChildHold = "SIPHON_COPY_CHILD_HOLD"
 )
 
 // copyChildApp is the application_name of the copy child's target session.
@@ -225,10 +229,11 @@ func (s copyState) summary() string {
 // in one round of four, after a random delay from its start (while it
 // connects, takes its snapshot or starts copying) if that comes first. It
 // returns what the child reported; a child that exits by itself fails the
-// test.
+// test. A child that completes the copy first is killed as it waits
+// (copyChildHold).
 func runKilledCopyChild(t *testing.T, env []string, maxCommits int) string {
 	t.Helper()
-	cmd := childCmd("copy-resume", env...)
+	cmd := childCmd("copy-resume", append(env, copyChildHold+"=true")...)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	var stderr bytes.Buffer
@@ -238,7 +243,7 @@ func runKilledCopyChild(t *testing.T, env []string, maxCommits int) string {
 		mu  sync.Mutex
 		out strings.Builder
 	)
-	commits := make(chan struct{}, 1024)
+	commits := make(chan bool, 1024) // a commit: false; the copy is done: true
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
@@ -247,8 +252,8 @@ func runKilledCopyChild(t *testing.T, env []string, maxCommits int) string {
 			mu.Lock()
 			out.WriteString(sc.Text() + "\n")
 			mu.Unlock()
-			if strings.HasPrefix(sc.Text(), "C ") {
-				commits <- struct{}{}
+			if strings.HasPrefix(sc.Text(), "C ") || sc.Text() == "done" {
+				commits <- sc.Text() == "done"
 			}
 		}
 	}()
@@ -264,8 +269,8 @@ func runKilledCopyChild(t *testing.T, env []string, maxCommits int) string {
 	var killAt <-chan time.Time
 	for n := 1 + rand.IntN(maxCommits); killAt == nil; {
 		select {
-		case <-commits:
-			if n--; n == 0 {
+		case done := <-commits:
+			if n--; n == 0 || done {
 				killAt = time.After(rand.N(10 * time.Millisecond))
 			}
 		case <-early:
@@ -411,6 +416,10 @@ func copyResumeChild() error {
 		return err
 	}
 	fmt.Println("done")
+	if os.Getenv(copyChildHold) == "true" {
+		<-ctx.Done()
+		return errors.New("the copy child waited two minutes to be killed")
+	}
 	return nil
 }
 
