@@ -76,6 +76,12 @@ func (e *ApplyGapError) Error() string {
 // a key the source's old values cannot fill is a [*SchemaIncompatibleError]
 // naming the table and column, returned before anything is written.
 //
+// The target's triggers, rules and foreign keys are treated as in
+// [Conn.ConsumeCanonical]: the change is applied with
+// session_replication_role = replica when the role may set it; otherwise a
+// table where they would fire is refused with a [*TriggersWouldFireError]
+// at its first use, unless c was made [WithTriggersOnApply].
+//
 // Target tables are looked up once and cached on c; a change whose columns
 // differ from the cached ones, or an error saying a table or column is
 // missing, looks the table up again.
@@ -108,7 +114,11 @@ func (c *Conn) applyRowChange(ctx context.Context, ch *canonical.Change) error {
 	if len(ch.Columns) == 0 {
 		return errors.New("the change has no Columns: pass changes as StreamChanges or the canonical decoder give them")
 	}
-	b, err := c.apply.binding(ctx, c.pool, ch.TableName(), ch.Columns)
+	role, err := c.apply.applyRole(ctx, c)
+	if err != nil {
+		return err
+	}
+	b, err := c.apply.binding(ctx, c.pool, role, ch.TableName(), ch.Columns)
 	if err != nil {
 		return err
 	}
@@ -120,12 +130,7 @@ func (c *Conn) applyRowChange(ctx context.Context, ch *canonical.Change) error {
 	stmt := c.apply.statement(b, sh)
 	var params paramList
 	params.addChange(sh, ch)
-	conn, err := c.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	_, err = conn.Conn().PgConn().ExecParams(ctx, stmt.sql, params.values, stmt.oids, nil, nil).Close()
+	err = c.execApplied(ctx, role, stmt.sql, params.values, stmt.oids)
 	if isCatalogError(err) {
 		c.apply.forget(b.source)
 	}
@@ -133,9 +138,13 @@ func (c *Conn) applyRowChange(ctx context.Context, ch *canonical.Change) error {
 }
 
 func (c *Conn) applyTruncate(ctx context.Context, ch *canonical.Change) error {
+	role, err := c.apply.applyRole(ctx, c)
+	if err != nil {
+		return err
+	}
 	var targets []*targetTable
 	for _, name := range ch.Truncated {
-		t, err := c.apply.target(ctx, c.pool, name)
+		t, err := c.apply.target(ctx, c.pool, role, name)
 		if err != nil {
 			return err
 		}
@@ -144,12 +153,37 @@ func (c *Conn) applyTruncate(ctx context.Context, ch *canonical.Change) error {
 	if len(targets) == 0 {
 		return nil
 	}
-	_, err := c.pool.Exec(ctx, truncateSQL(targets, ch.RestartIdentity))
+	parents, err := truncatedParents(ctx, c.pool, targets)
+	if err != nil {
+		return err
+	}
+	err = c.execApplied(ctx, role, truncateSQL(targets, parents, ch.RestartIdentity), nil, nil)
 	if isCatalogError(err) {
 		for _, name := range ch.Truncated {
 			c.apply.forget(name)
 		}
 	}
+	return err
+}
+
+// execApplied runs one applied statement on a pooled session, as a
+// replica when the role may: SET LOCAL and the statement are sent together
+// and run in one implicit transaction.
+func (c *Conn) execApplied(ctx context.Context, role applyRole, sql string, params [][]byte, oids []uint32) error {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	pg := conn.Conn().PgConn()
+	if !role.replica {
+		_, err = pg.ExecParams(ctx, sql, params, oids, nil, nil).Close()
+		return err
+	}
+	batch := &pgconn.Batch{}
+	batch.ExecParams(localReplicaRoleSQL, nil, nil, nil, nil)
+	batch.ExecParams(sql, params, oids, nil, nil)
+	_, err = pg.ExecBatch(ctx, batch).ReadAll()
 	return err
 }
 

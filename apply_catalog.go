@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/siphondb/siphon/canonical"
 )
 
@@ -115,6 +117,41 @@ func loadTargetTable(ctx context.Context, q querier, name canonical.TableName) (
 		t.key = keyColumns(t.columns, riPos)
 	}
 	return t, nil
+}
+
+// truncatedParentsQuery lists the partitioned tables all of whose leaf
+// partitions are among the tables $1 (schemas), $2 (names).
+const truncatedParentsQuery = `
+WITH listed AS (
+  SELECT c.oid FROM unnest($1::text[], $2::text[]) AS u(s, n)
+  JOIN pg_namespace ns ON ns.nspname = u.s JOIN pg_class c ON c.relnamespace = ns.oid AND c.relname = u.n),
+parents AS (SELECT DISTINCT a.relid FROM listed l CROSS JOIN LATERAL pg_partition_ancestors(l.oid) a WHERE a.relid <> l.oid)
+SELECT n.nspname, c.relname FROM parents p JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE NOT EXISTS (SELECT FROM pg_partition_tree(p.relid) t WHERE t.isleaf AND t.relid NOT IN (SELECT oid FROM listed))
+ORDER BY 1, 2`
+
+// truncatedParents returns the partitioned tables that a TRUNCATE of
+// tables empties whole: the source lists the leaf partitions it
+// truncated, and a foreign key declared on (or referencing) a partitioned
+// table lets its partitions be truncated only together with that table.
+func truncatedParents(ctx context.Context, q querier, tables []*targetTable) ([]canonical.TableName, error) {
+	names := make([]canonical.TableName, len(tables))
+	for i, t := range tables {
+		names[i] = t.name
+	}
+	schemas, relnames := nameArrays(names)
+	rows, err := q.Query(ctx, truncatedParentsQuery, schemas, relnames)
+	if err != nil {
+		return nil, fmt.Errorf("read the partitions of truncated tables: %w", err)
+	}
+	parents, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (canonical.TableName, error) {
+		var n canonical.TableName
+		return n, r.Scan(&n.Schema, &n.Name)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the partitions of truncated tables: %w", err)
+	}
+	return parents, nil
 }
 
 // keyColumns returns the columns with a nonzero position, in position
@@ -230,17 +267,38 @@ func checkIdentity(t *targetTable, src *canonical.Table) error {
 	return nil
 }
 
-// applyCache holds the target tables [Conn.ApplyChange] has looked up, and
-// their bindings to the latest source columns seen. The zero value is
-// ready to use.
+// applyCache holds how [Conn.ApplyChange] applies, the target tables it
+// has looked up, and their bindings to the latest source columns seen. The
+// zero value is ready to use.
 type applyCache struct {
 	mu       sync.Mutex
+	role     *applyRole // nil until read
 	targets  map[canonical.TableName]*targetTable
 	bindings map[canonical.TableName]*binding
 }
 
-// target returns the target table name, from the cache or the catalog.
-func (a *applyCache) target(ctx context.Context, q querier, name canonical.TableName) (*targetTable, error) {
+// applyRole returns how c applies, read once.
+func (a *applyCache) applyRole(ctx context.Context, c *Conn) (applyRole, error) {
+	a.mu.Lock()
+	role := a.role
+	a.mu.Unlock()
+	if role != nil {
+		return *role, nil
+	}
+	r, err := c.readApplyRole(ctx, c.pool)
+	if err != nil {
+		return r, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.role = &r
+	return r, nil
+}
+
+// target returns the target table name, from the cache or the catalog; an
+// ordinary session (role.guard) first checks that applying changes to it
+// fires nothing native apply would not.
+func (a *applyCache) target(ctx context.Context, q querier, role applyRole, name canonical.TableName) (*targetTable, error) {
 	a.mu.Lock()
 	t := a.targets[name]
 	a.mu.Unlock()
@@ -250,6 +308,11 @@ func (a *applyCache) target(ctx context.Context, q querier, name canonical.Table
 	t, err := loadTargetTable(ctx, q, name)
 	if err != nil {
 		return nil, err
+	}
+	if role.guard {
+		if err := checkNothingFires(ctx, q, role.role, []canonical.TableName{name}, changeEvents); err != nil {
+			return nil, err
+		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -262,14 +325,14 @@ func (a *applyCache) target(ctx context.Context, q querier, name canonical.Table
 
 // binding returns the binding of cols to the target table name, made anew
 // when the columns differ from the cached binding's.
-func (a *applyCache) binding(ctx context.Context, q querier, name canonical.TableName, cols []canonical.Column) (*binding, error) {
+func (a *applyCache) binding(ctx context.Context, q querier, role applyRole, name canonical.TableName, cols []canonical.Column) (*binding, error) {
 	a.mu.Lock()
 	b := a.bindings[name]
 	a.mu.Unlock()
 	if b != nil && slices.Equal(b.srcCols, cols) {
 		return b, nil
 	}
-	t, err := a.target(ctx, q, name)
+	t, err := a.target(ctx, q, role, name)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,9 +77,26 @@ const (
 // all those before the failure. Values are bound as in [Conn.ApplyChange],
 // with the same checks. Logical decoding messages are not applied.
 //
-// Triggers and foreign keys of the target work as for any session. The
-// session uses siphon's fixed settings (see the package documentation),
-// under which the target's input functions read the canonical values.
+// The target's own logic does not run on applied changes, as with
+// PostgreSQL's logical replication: the session sets
+// session_replication_role = replica, so ordinary triggers and rules, and
+// foreign-key checks and actions, do not fire (ENABLE REPLICA and ENABLE
+// ALWAYS ones do). The source ran its logic already and its effects arrive
+// as changes of their own: a trigger that stamps rows would stamp them
+// again, an audit trigger would log them twice, a cascade would delete rows
+// the source deletes itself. That needs a superuser or GRANT SET ON
+// PARAMETER session_replication_role; a role without it applies as an
+// ordinary session, with foreign keys checked (a snapshot then loads table
+// by table in the order it comes, which [Conn.EmitCanonical] makes
+// foreign-key order; one the target's foreign keys would fail in that
+// order is refused with a [*ForeignKeyOrderError]), and before the first
+// row or change after table records it checks the tables they declare: one
+// where a trigger, rule or foreign-key action would fire (or an ENABLE
+// REPLICA one would not) is refused with a [*TriggersWouldFireError],
+// before anything of it is written. [WithTriggersOnApply] makes apply an
+// ordinary session on purpose, with no such check. The session uses
+// siphon's fixed settings (see the package documentation), under which the
+// target's input functions read the canonical values.
 func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
 	src := newRecordSource(r)
 	h, err := src.dec.Header()
@@ -202,12 +220,16 @@ type applySession struct {
 	conn     *pgx.Conn
 	pg       *pgconn.PgConn
 	track    tracker
-	tracking bool               // track is set up on the session
-	progress canonical.Position // committed in the target
-	targets  map[canonical.TableName]*targetTable
-	bindings map[*canonical.Table]*binding
-	q        stmtQueue
-	prepared int // statements prepared, for their names
+	tracking bool // track is set up on the session
+	role     applyRole
+	// unchecked lists the tables declared since the last check, when the
+	// role must check what would fire (role.guard).
+	unchecked []canonical.TableName
+	progress  canonical.Position // committed in the target
+	targets   map[canonical.TableName]*targetTable
+	bindings  map[*canonical.Table]*binding
+	q         stmtQueue
+	prepared  int // statements prepared, for their names
 	// copying receives the result of the COPY running in the background,
 	// if any (see copyInBackground); what describes it.
 	copying chan error
@@ -229,6 +251,9 @@ func (c *Conn) openApplySession(ctx context.Context, h canonical.Header) (*apply
 			env.bookkeeping = env.bookkeeping || !env.origins
 			s.progress, err = readProgress(ctx, conn, env, key)
 		}
+	}
+	if err == nil {
+		err = s.setupRole(ctx)
 	}
 	if err != nil {
 		s.close()
@@ -253,9 +278,53 @@ func (s *applySession) close() {
 	s.conn.Close(ctx)
 }
 
+// setupRole makes the session apply as a replica when the role may.
+func (s *applySession) setupRole(ctx context.Context) error {
+	var err error
+	if s.role, err = s.c.readApplyRole(ctx, s.conn); err != nil || !s.role.replica {
+		return err
+	}
+	if _, err := s.conn.Exec(ctx, replicaRoleSQL); err != nil {
+		return fmt.Errorf("apply as a replica: %w", err)
+	}
+	return nil
+}
+
+// begin queues the start of a target transaction: in an ordinary session,
+// deferrable foreign keys are checked at its commit, as the source's were
+// at the end of its transactions.
+func (s *applySession) begin() {
+	s.q.addSQL("BEGIN", "begin")
+	if s.role.guard {
+		s.q.addSQL("SET CONSTRAINTS ALL DEFERRED", "defer deferrable foreign keys")
+	}
+}
+
 // tableRecord takes note of a new description of a table: the target's is
-// read again at its next use.
-func (s *applySession) tableRecord(t *canonical.Table) { delete(s.targets, t.TableName()) }
+// read again at its next use, and checked before it, when the role must.
+func (s *applySession) tableRecord(t *canonical.Table) {
+	delete(s.targets, t.TableName())
+	if s.role.guard && !slices.Contains(s.unchecked, t.TableName()) {
+		s.unchecked = append(s.unchecked, t.TableName())
+	}
+}
+
+// checkDeclared checks, in an ordinary session, that applying events to
+// the tables declared since the last check fires nothing that native apply
+// would not (see checkNothingFires).
+func (s *applySession) checkDeclared(ctx context.Context, events applyEvents) error {
+	if len(s.unchecked) == 0 {
+		return nil
+	}
+	if err := s.await(); err != nil {
+		return err
+	}
+	if err := checkNothingFires(ctx, s.conn, s.role.role, s.unchecked, events); err != nil {
+		return err
+	}
+	s.unchecked = s.unchecked[:0]
+	return nil
+}
 
 // binding returns the binding of table record t to its target table.
 func (s *applySession) binding(ctx context.Context, t *canonical.Table) (*binding, error) {

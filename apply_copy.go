@@ -24,7 +24,8 @@ func (s *applySession) loadSnapshot(ctx context.Context, src *recordSource, h ca
 }
 
 func (s *applySession) loadSnapshotRows(ctx context.Context, src *recordSource, h canonical.Header) error {
-	s.q.addSQL("BEGIN", "begin")
+	s.begin()
+	var declared []canonical.TableName // in the order rows come
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -36,7 +37,11 @@ func (s *applySession) loadSnapshotRows(ctx context.Context, src *recordSource, 
 		switch rec.Type {
 		case canonical.RecordTable:
 			s.tableRecord(rec.Table)
+			declared = append(declared, rec.TableName())
 		case canonical.RecordRow:
+			if err := s.checkBeforeRows(ctx, declared); err != nil {
+				return err
+			}
 			if err := s.copyRows(ctx, src, rec); err != nil {
 				return err
 			}
@@ -51,6 +56,19 @@ func (s *applySession) loadSnapshotRows(ctx context.Context, src *recordSource, 
 			return fmt.Errorf("%w: a %v record in a snapshot", canonical.ErrOrder, rec.Type)
 		}
 	}
+}
+
+// checkBeforeRows checks, in an ordinary session, the tables declared
+// since the last check: that loading rows fires nothing (checkDeclared),
+// and that rows coming in the order of declared pass the foreign keys.
+func (s *applySession) checkBeforeRows(ctx context.Context, declared []canonical.TableName) error {
+	if len(s.unchecked) == 0 {
+		return nil
+	}
+	if err := s.checkDeclared(ctx, snapshotEvents); err != nil {
+		return err
+	}
+	return checkLoadOrder(ctx, s.conn, s.role.role, declared)
 }
 
 // copyRows copies rec's row, and the rows of the same table that follow

@@ -317,8 +317,10 @@ func (b *binding) onConflict(set []int) string {
 }
 
 // truncateSQL empties the tables: ONLY the listed ones (the source lists
-// every table it truncated), but a partitioned table with its partitions.
-func truncateSQL(tables []*targetTable, restartIdentity bool) string {
+// every table it truncated), but a partitioned table with its partitions;
+// parents are partitioned tables all of whose partitions are listed (see
+// truncatedParents).
+func truncateSQL(tables []*targetTable, parents []canonical.TableName, restartIdentity bool) string {
 	var s strings.Builder
 	s.WriteString("TRUNCATE ")
 	for i, t := range tables {
@@ -329,6 +331,9 @@ func truncateSQL(tables []*targetTable, restartIdentity bool) string {
 			s.WriteString("ONLY ")
 		}
 		s.WriteString(quoteTable(t.name))
+	}
+	for _, p := range parents {
+		s.WriteString(", " + quoteTable(p))
 	}
 	if restartIdentity {
 		s.WriteString(" RESTART IDENTITY")

@@ -84,7 +84,9 @@ func (cc *changeConsumer) consume(ctx context.Context) error {
 		case canonical.RecordTable:
 			cc.s.tableRecord(rec.Table)
 		case canonical.RecordChange:
-			err = cc.change(ctx, rec)
+			if err = cc.s.checkDeclared(ctx, changeEvents); err == nil {
+				err = cc.change(ctx, rec)
+			}
 		case canonical.RecordEnd:
 			if err = cc.commitUnit(ctx); err == nil {
 				return nil
@@ -154,7 +156,7 @@ func (cc *changeConsumer) begin(ctx context.Context, rec canonical.Record) error
 	}
 	if !cc.unit.open {
 		cc.src.resetTape(rec)
-		cc.s.q.addSQL("BEGIN", "begin")
+		cc.s.begin()
 		cc.unit.open = true
 	}
 	return nil
@@ -344,8 +346,16 @@ func (cc *changeConsumer) truncate(ctx context.Context, ch *canonical.Change) er
 		}
 		targets = append(targets, t)
 	}
-	if len(targets) > 0 {
-		cc.s.q.addSQL(truncateSQL(targets, ch.RestartIdentity), fmt.Sprintf("truncate %d tables", len(targets)))
+	if len(targets) == 0 {
+		return nil
 	}
+	if err := cc.s.await(); err != nil {
+		return err
+	}
+	parents, err := truncatedParents(ctx, cc.s.conn, targets)
+	if err != nil {
+		return err
+	}
+	cc.s.q.addSQL(truncateSQL(targets, parents, ch.RestartIdentity), fmt.Sprintf("truncate %d tables", len(targets)))
 	return nil
 }

@@ -46,8 +46,7 @@ func TestSourceRestartMidStreamLosesNothing(t *testing.T) {
 	execSQL(t, srcConn, faultDDL...)
 	execSQL(t, tgtConn, faultDDL...)
 	slot := streamSlot(t)
-	var systemID string
-	require.NoError(t, srcConn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&systemID))
+	systemID := systemIdentifier(t, srcConn)
 	srcConn.Close(ctx) // broken by the first restart anyway
 	forgetAppliedPosition(t, tgtDSN, systemID, slot)
 

@@ -67,8 +67,7 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	execSQL(t, srcConn, faultDDL...)
 	execSQL(t, tgtConn, faultDDL...)
 	slot := streamSlot(t)
-	var systemID string
-	require.NoError(t, srcConn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&systemID))
+	systemID := systemIdentifier(t, srcConn)
 	forgetAppliedPosition(t, tgtDSN, systemID, slot)
 
 	// The slot exists before the first transaction, so the stream holds

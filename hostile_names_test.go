@@ -71,8 +71,7 @@ func TestHostileNamesGoThroughEveryPath(t *testing.T) {
 	execSQL(t, srcConn, hostileDDL...)
 	execSQL(t, srcConn, hostileRows...)
 	execSQL(t, replicaConn, hostileDDL...)
-	var systemID string
-	require.NoError(t, srcConn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&systemID))
+	systemID := systemIdentifier(t, srcConn)
 
 	slot, backupSlot := streamSlot(t), streamSlot(t)
 	src, err := siphon.Connect(ctx, srcDSN, siphon.WithSlot(slot), siphon.WithTables(hostileTables...),

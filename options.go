@@ -26,6 +26,8 @@ type options struct {
 	heartbeat      time.Duration
 	progress       func(Progress)
 	copySessions   int
+	// triggersOnApply: apply as an ordinary session (WithTriggersOnApply).
+	triggersOnApply bool
 }
 
 func defaultOptions() options {
@@ -134,6 +136,21 @@ func WithProgress(f func(Progress)) Option { return func(o *options) { o.progres
 // WithCopySessions sets how many sessions copy tables in parallel (bounded
 // by the server's free connections). Defaults to 4.
 func WithCopySessions(n int) Option { return func(o *options) { o.copySessions = n } }
+
+// WithTriggersOnApply makes apply ([Conn.ConsumeCanonical],
+// [Conn.ApplyChange], [Conn.RestoreChain]) run as an ordinary session on
+// this Conn's database: the target's ordinary triggers and rules fire on
+// every applied row, foreign keys are checked and their ON DELETE / ON
+// UPDATE actions run, and ENABLE REPLICA triggers do not fire. Use it when
+// the target must run its own logic on replicated rows, knowing that it may
+// then differ from the source (a trigger that stamps rows rewrites them; an
+// audit trigger records them twice; a cascade deletes rows the source
+// deletes itself). Defaults to off: apply runs as PostgreSQL's own logical
+// replication does, with session_replication_role = replica, so that only
+// ENABLE REPLICA and ENABLE ALWAYS triggers and rules fire and the target
+// ends equal to the source; a role that may not set that parameter is
+// refused with a [*TriggersWouldFireError] where such logic exists.
+func WithTriggersOnApply() Option { return func(o *options) { o.triggersOnApply = true } }
 
 var slotNamePattern = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 

@@ -55,6 +55,15 @@
 // hold are exactly the transactions committed at or before their Position,
 // and streaming from that Position continues with no gap.
 //
+// Apply: each source transaction is applied in one target transaction
+// together with its Position, exactly once, and as PostgreSQL's logical
+// replication applies it: with session_replication_role = replica, so the
+// target's ordinary triggers, rules and foreign-key checks and actions do
+// not fire (the source ran them, and their effects arrive as changes of
+// their own) while ENABLE REPLICA and ENABLE ALWAYS ones do; the target
+// ends equal to the source. See [Conn.ConsumeCanonical] for roles that may
+// not set that parameter, and [WithTriggersOnApply].
+//
 // Slots: creating one waits for every transaction holding a transaction ID.
 // siphon bounds that wait, names the blocking sessions in a
 // [*SlotBlockedError], and leaves no slot, session or lock behind on failure.
@@ -107,6 +116,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/fkgraph"
 )
 
 // sessionSettings are set on every session siphon opens, replication
@@ -325,6 +335,46 @@ func scanTable(rows pgx.Rows) (canonical.Table, error) {
 		t.PartitionOf = &canonical.TableName{Schema: *parentSchema, Name: *parent}
 	}
 	return t, nil
+}
+
+// foreignKeysQuery lists the foreign keys among the tables named by $1
+// (schemas) and $2 (names): referencing table, referenced table,
+// constraint, deferrable. The copies of a constraint on partitions are
+// listed too, so the references between leaf partitions are there.
+const foreignKeysQuery = `
+WITH t AS (
+  SELECT c.oid, u.s, u.n FROM unnest($1::text[], $2::text[]) AS u(s, n)
+  JOIN pg_namespace ns ON ns.nspname = u.s JOIN pg_class c ON c.relnamespace = ns.oid AND c.relname = u.n)
+SELECT ct.s, ct.n, pt.s, pt.n, k.conname::text, k.condeferrable
+FROM pg_constraint k JOIN t ct ON ct.oid = k.conrelid JOIN t pt ON pt.oid = k.confrelid
+WHERE k.contype = 'f'
+ORDER BY 1, 2, 3, 4, 5`
+
+// readForeignKeys reads the foreign keys among tables.
+func readForeignKeys(ctx context.Context, q querier, tables []canonical.TableName) ([]fkgraph.Edge, error) {
+	schemas, names := nameArrays(tables)
+	rows, err := q.Query(ctx, foreignKeysQuery, schemas, names)
+	if err != nil {
+		return nil, fmt.Errorf("read foreign keys: %w", err)
+	}
+	edges, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (fkgraph.Edge, error) {
+		var e fkgraph.Edge
+		return e, r.Scan(&e.Child.Schema, &e.Child.Name, &e.Parent.Schema, &e.Parent.Name, &e.Constraint, &e.Deferrable)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read foreign keys: %w", err)
+	}
+	return edges, nil
+}
+
+// nameArrays splits table names into the arrays of their schemas and
+// names, for queries that unnest them.
+func nameArrays(tables []canonical.TableName) (schemas, names []string) {
+	schemas, names = make([]string, len(tables)), make([]string, len(tables))
+	for i, t := range tables {
+		schemas[i], names[i] = t.Schema, t.Name
+	}
+	return schemas, names
 }
 
 // SchemaIncompatibleError reports a table that is missing, or whose shape

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/fkgraph"
 )
 
 // Snapshot is a consistent view of the database at an exact [canonical.Position]:
@@ -166,15 +167,25 @@ func ResumeCopy(cp *CopyCheckpoint, restart func(TableCheckpoint) error) CopyOpt
 // record for every table of schema, every row table by table, and an end
 // record. Stream changes from the returned Position to continue it.
 //
+// The tables come in foreign-key order: a table after the tables it
+// references (in schema's order where no foreign key decides), so that a
+// target that checks foreign keys while it loads can load the rows in the
+// order they come. A table's references to its own rows, and cycles of
+// references, need the target to load them as a replica (see
+// [Conn.ConsumeCanonical]).
+//
 // EmitCanonical takes its own [Snapshot] and closes it before returning;
 // copying works as in [Snapshot.CopyTables]. It buffers a bounded amount of
 // rows, however large the tables.
 func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer) (canonical.Position, error) {
+	var err error
 	if schema == nil {
-		var err error
 		if schema, err = c.publishedSchema(ctx); err != nil {
 			return 0, err
 		}
+	}
+	if schema, err = c.inLoadOrder(ctx, schema); err != nil {
+		return 0, fmt.Errorf("siphon: emit canonical: %w", err)
 	}
 	header, err := c.sourceHeader(ctx)
 	if err != nil {
@@ -216,6 +227,27 @@ func (c *Conn) emitSnapshot(ctx context.Context, snap *Snapshot, schema *canonic
 		return 0, err
 	}
 	return pos, nil
+}
+
+// inLoadOrder returns schema with its tables in foreign-key order:
+// referenced tables before the tables that reference them, in schema's
+// order otherwise (see fkgraph.Order). A target that checks foreign keys
+// while it loads the rows in that order finds every referenced row there.
+func (c *Conn) inLoadOrder(ctx context.Context, schema *canonical.Schema) (*canonical.Schema, error) {
+	names := make([]canonical.TableName, len(schema.Tables))
+	byName := make(map[canonical.TableName]canonical.Table, len(schema.Tables))
+	for i, t := range schema.Tables {
+		names[i], byName[t.TableName()] = t.TableName(), t
+	}
+	edges, err := readForeignKeys(ctx, c.pool, names)
+	if err != nil {
+		return nil, err
+	}
+	ordered := &canonical.Schema{Tables: make([]canonical.Table, 0, len(names))}
+	for _, name := range fkgraph.Order(names, edges) {
+		ordered.Tables = append(ordered.Tables, byName[name])
+	}
+	return ordered, nil
 }
 
 // sourceHeader describes the source for a JSONL header.
