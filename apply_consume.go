@@ -2,6 +2,7 @@ package siphon
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -98,28 +99,83 @@ const (
 // siphon's fixed settings (see the package documentation), under which the
 // target's input functions read the canonical values.
 func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
-	src := newRecordSource(r)
+	body, err := canonicalBody(r)
+	if err != nil {
+		return fmt.Errorf("siphon: consume canonical: %w", err)
+	}
+	src := newRecordSource(body)
 	h, err := src.dec.Header()
 	if err != nil {
 		return fmt.Errorf("siphon: consume canonical: %w", err)
 	}
-	s, err := c.openApplySession(ctx, h)
+	if !h.Checked && !c.opts.uncheckedStreams {
+		return fmt.Errorf("siphon: consume canonical: %w", ErrUnchecked)
+	}
+	s, err := c.openApplySession(ctx, "", h)
 	if err != nil {
 		return fmt.Errorf("siphon: consume canonical: %w", err)
 	}
 	defer s.close()
-	switch {
-	case h.Kind == canonical.KindSnapshot:
+	if h.Kind == canonical.KindSnapshot {
 		err = s.loadSnapshot(ctx, src, h)
-	case !s.progress.IsZero() && h.Start > s.progress:
-		return &ApplyGapError{Applied: s.progress, Start: h.Start}
-	default:
+	} else if err = s.checkContinues(ctx, h); err == nil {
 		err = (&changeConsumer{s: s, src: src}).consume(ctx)
 	}
 	if err != nil {
 		return fmt.Errorf("siphon: consume canonical: %w", err)
 	}
 	return nil
+}
+
+// checkContinues checks that a change stream continues what the target
+// holds of its source: it may not start past the applied Position, and a
+// source the target holds nothing of may not join sources it holds (its
+// changes would land on data of another).
+func (s *applySession) checkContinues(ctx context.Context, h canonical.Header) error {
+	gap := &ApplyGapError{Applied: s.progress, Start: h.Start, Source: sourceKey(h.SystemID, h.Slot)}
+	switch {
+	case !s.progress.IsZero() && h.Start > s.progress:
+		return gap
+	case !s.progress.IsZero():
+		return nil
+	}
+	held, err := s.c.appliedSources(ctx)
+	if err != nil {
+		return err
+	}
+	delete(held, gap.Source)
+	if len(held) == 0 {
+		return nil
+	}
+	gap.Holds = held
+	return gap
+}
+
+// canonicalBody returns the JSONL stream r holds, out of its envelope when
+// it has one, and refuses what is not a canonical stream (a pg_dump
+// backup, anything else) with an error wrapping ErrNotCanonical that says
+// what it is.
+func canonicalBody(r io.Reader) (io.Reader, error) {
+	br := bufio.NewReaderSize(r, 256<<10)
+	start, _ := br.Peek(len(canonical.EnvelopeMagic))
+	text := bytes.TrimLeft(start, " \t\r\n")
+	switch {
+	case bytes.HasPrefix(start, []byte(canonical.EnvelopeMagic)):
+		er := canonical.NewEnvelopeReader(br)
+		h, err := er.Header()
+		if err != nil {
+			return nil, err
+		}
+		if h.Body != canonical.BodyJSONL {
+			return nil, fmt.Errorf("%w: it is a %s backup (%s in an envelope): restore it with Restore or RestoreChain", ErrNotCanonical, h.Kind, h.Body)
+		}
+		return er, nil
+	case len(text) == 0 || text[0] == '{':
+		return br, nil // JSONL, or too little to tell: the Decoder says what is wrong
+	case bytes.HasPrefix(start, []byte("PGDMP")):
+		return nil, fmt.Errorf("%w: it is a pg_dump archive: restore it with pg_restore, or take backups with Backup and restore them with Restore", ErrNotCanonical)
+	}
+	return nil, fmt.Errorf("%w: it starts with %q, not a JSON header or a siphon envelope: ConsumeCanonical takes what EmitCanonical, BackupIncremental or a canonical.Encoder wrote", ErrNotCanonical, start)
 }
 
 // recordSource reads a stream's records, with one record of look-ahead.
@@ -236,8 +292,10 @@ type applySession struct {
 	what    string
 }
 
-func (c *Conn) openApplySession(ctx context.Context, h canonical.Header) (*applySession, error) {
-	conn, err := c.newSession(ctx)
+// openApplySession opens the session that applies the source h names into
+// database ("" for the Conn's).
+func (c *Conn) openApplySession(ctx context.Context, database string, h canonical.Header) (*applySession, error) {
+	conn, err := c.newSessionIn(ctx, database)
 	if err != nil {
 		return nil, err
 	}

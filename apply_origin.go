@@ -339,28 +339,77 @@ func (c *Conn) ResetAppliedPosition(ctx context.Context, systemID, slot string) 
 	if err != nil {
 		return fmt.Errorf("siphon: reset applied position: %w", err)
 	}
-	key := sourceKey(systemID, slot)
-	if err := c.dropOrigin(ctx, originPrefix(env.dbOID)+key); err != nil {
+	if err := dropProgress(ctx, c.pool, env, sourceKey(systemID, slot)); err != nil {
 		return fmt.Errorf("siphon: reset applied position: %w", err)
 	}
+	return nil
+}
+
+// MarkAppliedPosition records that the database c is connected to holds
+// the source with the given system identifier and slot up to pos, as if
+// [Conn.ConsumeCanonical] had applied it there, replacing what was
+// recorded before. [Conn.Restore] does this for the backup it restores;
+// call it for a target loaded by other means (pg_dump --snapshot with a
+// [Snapshot]'s Name, say, at its Position), so that the source's change
+// streams are checked against it: one that starts past pos is refused with
+// an [*ApplyGapError]. A source being applied right now gives
+// [ErrApplyInProgress].
+func (c *Conn) MarkAppliedPosition(ctx context.Context, systemID, slot string, pos canonical.Position) error {
+	if err := c.markApplied(ctx, "", systemID, slot, pos, time.Time{}); err != nil {
+		return fmt.Errorf("siphon: mark applied position: %w", err)
+	}
+	return nil
+}
+
+// markApplied records, in database ("" for the Conn's), that the source
+// key of systemID and slot is applied up to pos (at at, when known).
+func (c *Conn) markApplied(ctx context.Context, database, systemID, slot string, pos canonical.Position, at time.Time) error {
+	conn, err := c.newSessionIn(ctx, database)
+	if err != nil {
+		return err
+	}
+	env, err := readApplyEnv(ctx, conn)
+	if err == nil {
+		err = dropProgress(ctx, conn, env, sourceKey(systemID, slot))
+	}
+	conn.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return err
+	}
+	s, err := c.openApplySession(ctx, database, canonical.Header{SystemID: systemID, Slot: slot})
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	s.begin()
+	s.finishTransaction(pos, at)
+	return s.flush(ctx)
+}
+
+// dropProgress forgets what the target q is connected to has applied of
+// the source key: its replication origin and its bookkeeping row.
+func dropProgress(ctx context.Context, q querier, env applyEnv, key string) error {
+	if err := dropOrigin(ctx, q, originPrefix(env.dbOID)+key); err != nil {
+		return err
+	}
 	if env.bookkeeping {
-		if _, err := c.pool.Exec(ctx, "DELETE FROM siphon.applied_position WHERE origin = $1", bookkeepingPrefix+key); err != nil {
-			return fmt.Errorf("siphon: reset applied position: %w", err)
+		if _, err := q.Exec(ctx, "DELETE FROM siphon.applied_position WHERE origin = $1", bookkeepingPrefix+key); err != nil {
+			return fmt.Errorf("forget the applied position: %w", err)
 		}
 	}
 	return nil
 }
 
 // dropOrigin drops the named replication origin if it exists.
-func (c *Conn) dropOrigin(ctx context.Context, name string) error {
+func dropOrigin(ctx context.Context, q querier, name string) error {
 	var exists bool
-	if err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_origin WHERE roname = $1)", name).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_origin WHERE roname = $1)", name).Scan(&exists); err != nil {
 		return fmt.Errorf("read replication origins: %w", err)
 	}
 	if !exists {
 		return nil
 	}
-	_, err := c.pool.Exec(ctx, "SELECT pg_replication_origin_drop($1)", name)
+	_, err := q.Exec(ctx, "SELECT pg_replication_origin_drop($1)", name)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == codeObjectInUse:

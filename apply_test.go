@@ -794,6 +794,8 @@ func dbOID(t *testing.T, conn *pgx.Conn) string {
 
 // TestAppliedPositionSources applies two sources into one target, and one
 // source into two targets of the same cluster: each keeps its own Position.
+// The second source's first change stream is refused until the target is
+// told it holds that source (MarkAppliedPosition).
 func TestAppliedPositionSources(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -805,10 +807,14 @@ func TestAppliedPositionSources(t *testing.T) {
 	endA := a.tx(ins(itemsName, tv("1"), tv("1"), null))
 	b := newStreamFrom(t, "1002", canonical.KindIncremental, 0x9000, "same_slot", items)
 	endB := b.tx(ins(itemsName, tv("2"), tv("1"), null))
-	streamA := a.done()
+	streamA, streamB := a.done(), b.done()
 	require.NoError(t, consume(t, c, streamA))
 	assert.Equal(t, endA, appliedPosition(t, c), "one source: no need to name it")
-	require.NoError(t, consume(t, c, b.done()))
+	var gap *siphon.ApplyGapError
+	require.ErrorAs(t, consume(t, c, streamB), &gap, "a change stream of a source the target holds nothing of, while it holds another")
+	assert.Equal(t, map[string]canonical.Position{"1001_same_slot": endA}, gap.Holds)
+	require.NoError(t, c.MarkAppliedPosition(ctx, "1002", "same_slot", 0x9000), "the target holds source 1002 up to its start")
+	require.NoError(t, consume(t, c, streamB))
 	require.NoError(t, consume(t, other, streamA))
 
 	_, err := c.AppliedPosition(ctx)

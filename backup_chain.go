@@ -21,7 +21,8 @@ var (
 	// one chain; the error is a [*ChainError] naming the first bad link.
 	ErrBrokenChain = errors.New("siphon: broken backup chain")
 	// ErrTargetBeforeBase means RestoreChain was asked for a target
-	// Position before the base backup's: no restore can reach it.
+	// Position before the base backup's, or a target time before the base
+	// backup was taken: no restore can reach it.
 	ErrTargetBeforeBase = errors.New("siphon: the target is before the chain's base backup")
 )
 
@@ -82,7 +83,7 @@ func (o RestoreChainOptions) within(pos canonical.Position, at time.Time) bool {
 
 // RestoreChain restores a chain of backups into the Conn's database: base,
 // a full backup from [Conn.Backup], with [Conn.Restore], then incrementals,
-// from [Conn.BackupIncremental] (bare JSONL, or the same in an envelope),
+// from [Conn.BackupIncremental] (checked JSONL, or JSONL in an envelope),
 // in order, with [Conn.ConsumeCanonical]. It returns the Position the
 // database then stands at: the end of the last transaction applied (the
 // base's Position when none was).
@@ -105,7 +106,8 @@ func (o RestoreChainOptions) within(pos canonical.Position, at time.Time) bool {
 // before the cut, then ends the stream at the last one's commit. A target
 // past the chain's end restores the whole chain; compare the returned
 // Position with the target to tell. A TargetPosition before the base's
-// Position is refused with [ErrTargetBeforeBase], before anything is
+// Position, or a TargetTime before the base was taken (its envelope's
+// Created), is refused with [ErrTargetBeforeBase], before anything is
 // restored.
 //
 // On an error after the base was restored, the database holds the base
@@ -125,6 +127,10 @@ func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, base i
 	if opt.TargetPosition != 0 && opt.TargetPosition < chain.Start {
 		return 0, fmt.Errorf("siphon: restore chain refused, nothing was restored: %w: target %v, base at %v",
 			ErrTargetBeforeBase, opt.TargetPosition, chain.Start)
+	}
+	if base := chain.Links[0].Created; !opt.TargetTime.IsZero() && opt.TargetTime.Before(base) {
+		return 0, fmt.Errorf("siphon: restore chain refused, nothing was restored: %w: target time %v, base taken at %v",
+			ErrTargetBeforeBase, opt.TargetTime.UTC().Format(time.RFC3339Nano), base.UTC().Format(time.RFC3339Nano))
 	}
 	if err := rewind(0); err != nil {
 		return 0, err

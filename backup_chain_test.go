@@ -22,6 +22,8 @@ import (
 type chainFixture struct {
 	dsn          string
 	src          *pgx.Conn
+	c            *siphon.Conn // on the source, with the chain's slot
+	slot         string
 	base         []byte
 	incrementals [][]byte
 	end          canonical.Position // the last incremental's end
@@ -67,23 +69,23 @@ func newChainFixture(t *testing.T) *chainFixture {
 		`CREATE TABLE tbl (id int PRIMARY KEY, v text NOT NULL)`,
 		`INSERT INTO tbl SELECT g, 'v' || g FROM generate_series(1, 30) g`,
 		`CREATE TABLE ticks (k int PRIMARY KEY)`)
-	c, _ := backupConn(t, dsn)
-	f := &chainFixture{dsn: dsn, src: src, base: backup(t, c, siphon.BackupOptions{})}
+	c, slot := backupConn(t, dsn)
+	f := &chainFixture{dsn: dsn, src: src, c: c, slot: slot, base: backup(t, c, siphon.BackupOptions{})}
 	rep, err := c.Verify(ctx, bytes.NewReader(f.base))
 	require.NoError(t, err)
 	require.True(t, rep.OK, "%v", rep.Problems)
 	f.after = append(f.after, readState(t, src))
-	since := rep.Start
+	prev := rep.ChainLink()
 	for link := range 2 {
 		for k := 3*link + 1; k <= 3*link+3; k++ {
 			f.after = append(f.after, tick(t, src, k))
 		}
 		var incr bytes.Buffer
-		since, err = c.BackupIncremental(ctx, since, &incr)
+		prev, err = c.BackupIncrementalAfter(ctx, prev, &incr)
 		require.NoError(t, err)
 		f.incrementals = append(f.incrementals, incr.Bytes())
 	}
-	f.end = since
+	f.end = prev.End
 	return f
 }
 

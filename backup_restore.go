@@ -78,7 +78,11 @@ type RestoreOptions struct {
 // error is a [*pgdump.ExitError] with pg_restore's messages.
 //
 // Restoring makes the target equal to the source at the backup's Position
-// (header Start); apply the incrementals that follow it to go further.
+// (header Start), and records that Position in the target as
+// [Conn.ConsumeCanonical] records what it applied (see
+// [Conn.MarkAppliedPosition]): apply the incrementals that follow it to go
+// further, and one that does not continue the backup (a link skipped, from
+// another source) is refused with an [*ApplyGapError].
 func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) error {
 	if opt.SingleTransaction && opt.Jobs > 1 {
 		return &OptionError{Option: "RestoreOptions", Problem: "SingleTransaction with Jobs", Fix: "pg_restore cannot do both: drop one of them"}
@@ -116,6 +120,10 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) err
 	}, path)
 	if err != nil {
 		return fmt.Errorf("siphon: restore: %w", err)
+	}
+	if err := c.markApplied(ctx, opt.Database, h.SystemID, h.Slot, h.Start, h.Created); err != nil {
+		return fmt.Errorf("siphon: restore: the backup is restored, but recording its Position %v in the target failed "+
+			"(record it with MarkAppliedPosition, or incrementals will not be checked against it): %w", h.Start, err)
 	}
 	c.log.Info("backup restored", "position", h.Start, "database", conn.Database)
 	return nil

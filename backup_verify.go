@@ -24,6 +24,12 @@ type VerifyReport struct {
 	// Enveloped is false for a bare JSONL stream (as
 	// [Conn.BackupIncremental] writes it), true for an envelope.
 	Enveloped bool
+	// Checked is true when checksums vouch for the backup's bytes: an
+	// envelope's, or a JSONL stream's own (see [canonical.Header].Checked).
+	// A bare JSONL stream without them (written by hand, or by siphon
+	// before streams were checked) is a problem, unless the Conn was made
+	// [WithUncheckedStreams].
+	Checked bool
 	// Kind is the backup's kind (dump, snapshot or incremental) and Body
 	// its body's format ("" for a bare JSONL stream).
 	Kind canonical.Kind
@@ -41,8 +47,10 @@ type VerifyReport struct {
 	// Base is the physical base slot and its WAL range, when the backup
 	// made one.
 	Base *canonical.EnvelopeBase
-	// Previous is the Link of the previous envelope of the chain; Link
-	// identifies this one (envelopes only).
+	// Previous is the Link of the backup this one continues, when it
+	// recorded one; Link identifies this one: an envelope's (see
+	// [canonical.EnvelopeTrailer.Link]) or a checked JSONL stream's (see
+	// [canonical.Decoder.Link]).
 	Previous, Link string
 	// Created is when the backup was written.
 	Created time.Time
@@ -75,6 +83,10 @@ func (c *Conn) Verify(ctx context.Context, r io.Reader) (*VerifyReport, error) {
 	if first, _ := br.Peek(1); len(first) == 1 && first[0] == '{' {
 		err = verifyJSONL(br, rep, nil)
 		rep.Bytes = counted.n - int64(br.Buffered())
+		if err == nil && !rep.Checked && !c.opts.uncheckedStreams {
+			rep.problem("the JSONL stream carries no checksums (written by hand, or by siphon before streams were checked): " +
+				"nothing vouches for its content; write it with canonical.Encoder, or connect WithUncheckedStreams to accept it")
+		}
 	} else {
 		err = verifyEnvelope(ctx, br, rep)
 	}
@@ -104,7 +116,7 @@ func streamProblem(rep *VerifyReport, err error) error {
 // contentErrors are the decode errors that say what is wrong with a
 // JSONL stream itself.
 var contentErrors = []error{canonical.ErrSyntax, canonical.ErrInvalidRecord, canonical.ErrOrder, canonical.ErrUnknownTable,
-	canonical.ErrUnsupportedVersion, canonical.ErrInvalidUTF8, canonical.ErrLineTooLong, io.ErrUnexpectedEOF}
+	canonical.ErrUnsupportedVersion, canonical.ErrInvalidUTF8, canonical.ErrLineTooLong, canonical.ErrChecksum, io.ErrUnexpectedEOF}
 
 // isReadError reports whether a decode error is the reader's failure
 // rather than the stream's content.
@@ -125,7 +137,7 @@ func verifyEnvelope(ctx context.Context, r io.Reader, rep *VerifyReport) error {
 		rep.Bytes = er.Offset()
 		return streamProblem(rep, err)
 	}
-	rep.Enveloped, rep.Kind, rep.Body, rep.Start, rep.End = true, h.Kind, h.Body, h.Start, h.End
+	rep.Enveloped, rep.Checked, rep.Kind, rep.Body, rep.Start, rep.End = true, true, h.Kind, h.Body, h.Start, h.End
 	rep.SystemID, rep.Timeline, rep.Slot, rep.ServerVersion, rep.Tool = h.SystemID, h.Timeline, h.Slot, h.ServerVersion, h.Tool
 	rep.Base, rep.Previous, rep.Created, rep.Tables = h.Base, h.Previous, h.Created, h.Tables
 	switch h.Body {
@@ -248,6 +260,7 @@ func verifyJSONL(r io.Reader, rep *VerifyReport, env *canonical.EnvelopeHeader) 
 	if env == nil {
 		rep.Kind, rep.Start, rep.End, rep.Created = jh.Kind, jh.Start, jh.End, jh.Created
 		rep.SystemID, rep.Timeline, rep.Slot, rep.ServerVersion = jh.SystemID, jh.Timeline, jh.Slot, jh.ServerVersion
+		rep.Previous, rep.Checked = jh.Previous, jh.Checked
 	} else {
 		checkJSONLHeader(jh, env, rep)
 	}
@@ -255,6 +268,9 @@ func verifyJSONL(r io.Reader, rep *VerifyReport, env *canonical.EnvelopeHeader) 
 	for {
 		rec, err := d.Next()
 		if err == io.EOF {
+			if env == nil {
+				rep.Link = d.Link()
+			}
 			return nil
 		}
 		if err != nil {
@@ -357,11 +373,27 @@ func linkProblems(n int, prev, cur *VerifyReport) []string {
 	case cur.Start < prev.End:
 		add("starts at %v, but link %d ends at %v: an overlap, the changes between them would be applied twice", cur.Start, n-1, prev.End)
 	}
+	if cur.Slot != prev.Slot && cur.Slot != "" && prev.Slot != "" {
+		add("comes from slot %q, link %d from slot %q: they are different change streams", cur.Slot, n-1, prev.Slot)
+	}
 	if cur.Previous != "" && prev.Link != "" && cur.Previous != prev.Link {
 		add("names %s as its previous link, but link %d is %s", cur.Previous, n-1, prev.Link)
 	}
 	return out
 }
+
+// ChainLink is what the next backup of a chain continues: where a backup
+// ends and the Link that identifies it. [VerifyReport.ChainLink] gives a
+// verified backup's; [Conn.BackupIncrementalAfter] takes one and returns
+// the next. It marshals to JSON, to keep in a catalog of backups.
+type ChainLink struct {
+	End  canonical.Position `json:"end"`
+	Link string             `json:"link,omitempty"`
+}
+
+// ChainLink returns what the backup the report describes hands on to the
+// next incremental of its chain: its End and Link.
+func (r *VerifyReport) ChainLink() ChainLink { return ChainLink{End: r.End, Link: r.Link} }
 
 // countingReader counts the bytes read through it.
 type countingReader struct {

@@ -28,6 +28,8 @@ type options struct {
 	copySessions   int
 	// triggersOnApply: apply as an ordinary session (WithTriggersOnApply).
 	triggersOnApply bool
+	// uncheckedStreams: accept canonical streams without checksums.
+	uncheckedStreams bool
 }
 
 func defaultOptions() options {
@@ -151,6 +153,17 @@ func WithCopySessions(n int) Option { return func(o *options) { o.copySessions =
 // ends equal to the source; a role that may not set that parameter is
 // refused with a [*TriggersWouldFireError] where such logic exists.
 func WithTriggersOnApply() Option { return func(o *options) { o.triggersOnApply = true } }
+
+// WithUncheckedStreams makes [Conn.ConsumeCanonical], [Conn.RestoreChain],
+// [Conn.Verify] and [Conn.VerifyChain] accept canonical streams that carry
+// no checksums (see [canonical.Header].Checked): streams written by hand,
+// or by siphon before streams were checked. Nothing then vouches for their
+// bytes: a changed value is applied as it reads. Streams written by a
+// [canonical.Encoder] (EmitCanonical, BackupIncremental, recorded streams,
+// hand-made streams built with an Encoder) are always checked and need no
+// option. Defaults to off: such a stream is refused with [ErrUnchecked]
+// (flagged as a problem by Verify), before anything is applied.
+func WithUncheckedStreams() Option { return func(o *options) { o.uncheckedStreams = true } }
 
 var slotNamePattern = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 

@@ -395,8 +395,16 @@ func (e *SchemaIncompatibleError) Error() string {
 // newSession opens a dedicated session (outside the pool) with siphon's
 // session settings, for work that must own its session: holding a lock,
 // importing a snapshot, copying a table.
-func (c *Conn) newSession(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, c.config.Copy())
+func (c *Conn) newSession(ctx context.Context) (*pgx.Conn, error) { return c.newSessionIn(ctx, "") }
+
+// newSessionIn is newSession in another database of the server; "" is the
+// Conn's.
+func (c *Conn) newSessionIn(ctx context.Context, database string) (*pgx.Conn, error) {
+	config := c.config.Copy()
+	if database != "" {
+		config.Database = database
+	}
+	conn, err := pgx.ConnectConfig(ctx, config)
 	if err != nil {
 		return nil, fmt.Errorf("open session: %w", err)
 	}

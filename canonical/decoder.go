@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"time"
 	"unicode/utf8"
@@ -47,9 +48,18 @@ type Decoder struct {
 	unchanged    []span
 	oldUnchanged []span
 
+	// Checksums (see checksum.go): the running CRC-32C of the lines read,
+	// whether the current line carried a sum that verified, and the last
+	// checkpoint that did.
+	crc       uint32
+	summed    bool
+	lastCheck int
+	lastSum   uint32
+
 	header     Header
 	haveHeader bool
 	ended      bool
+	endPos     Position
 	err        error
 	count      uint64
 	inTx       bool
@@ -98,6 +108,9 @@ func (d *Decoder) Header() (Header, error) {
 	if err != nil {
 		return Header{}, err
 	}
+	if err := d.checksum(line); err != nil {
+		return Header{}, err
+	}
 	if _, err := d.record(line); err != nil {
 		return Header{}, err
 	}
@@ -131,7 +144,61 @@ func (d *Decoder) Next() (Record, error) {
 	case d.ended:
 		return Record{}, d.fail(fmt.Errorf("%w: a record after the end record", ErrOrder), "")
 	}
-	return d.record(line)
+	if err := d.checksum(line); err != nil {
+		return Record{}, err
+	}
+	rec, err := d.record(line)
+	if err == nil && d.header.Checked && !d.summed &&
+		(rec.Type == RecordEnd || rec.Type == RecordChange && rec.Change.Op == OpCommit) {
+		err = d.fail(fmt.Errorf("%w: the record carries no checksum, which every commit and the end record of a checked stream do", ErrChecksum), recordName(rec))
+	}
+	return rec, err
+}
+
+// checksum verifies the sum line carries, if any, and adds line to the
+// running CRC-32C.
+func (d *Decoder) checksum(line []byte) error {
+	covered, sum, ok := splitSum(line)
+	d.summed = false
+	if ok {
+		if d.haveHeader && !d.header.Checked {
+			return d.fail(fmt.Errorf("%w: a checksum in a stream whose header carries none: the header was changed", ErrChecksum), "")
+		}
+		if at := crc32.Update(d.crc, castagnoli, covered); at != sum {
+			since := "its start"
+			if d.lastCheck > 0 {
+				since = fmt.Sprintf("line %d, its last checkpoint that verified", d.lastCheck)
+			}
+			return d.fail(fmt.Errorf("%w: the stream's bytes changed after %s", ErrChecksum, since), "")
+		}
+		d.summed, d.lastCheck, d.lastSum = true, d.lineNo, sum
+	}
+	d.crc = crc32.Update(d.crc, castagnoli, line)
+	if !d.cut {
+		d.crc = crc32.Update(d.crc, castagnoli, newline)
+	}
+	return nil
+}
+
+var newline = []byte{'\n'}
+
+// Link identifies a checked stream once its end record was read: its end
+// Position and its last checksum, which covers every byte of it. The next
+// backup of a chain records it as its [Header].Previous. It is empty
+// before the end record and for a stream without checksums.
+func (d *Decoder) Link() string {
+	if !d.ended || !d.header.Checked {
+		return ""
+	}
+	return link(d.lastSum, d.endPos)
+}
+
+// recordName is the name of a record's type as the stream writes it.
+func recordName(rec Record) string {
+	if rec.Type == RecordChange {
+		return rec.Change.Op.String()
+	}
+	return rec.Type.String()
 }
 
 // readLine returns the next line without its newline, or io.EOF when there

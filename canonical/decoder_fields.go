@@ -44,6 +44,8 @@ const (
 	fPrefix
 	fContent
 	fRecords
+	fChecksum
+	fPrevious
 	fUnknown
 )
 
@@ -58,7 +60,7 @@ var fieldNames = [...]string{
 	fUnchanged: "unchanged", fOldUnchanged: "old_unchanged", fTables: "tables",
 	fCascade: "cascade", fRestartIdentity: "restart_identity",
 	fTransactional: "transactional", fPrefix: "prefix", fContent: "content",
-	fRecords: "records", fUnknown: "?",
+	fRecords: "records", fChecksum: "checksum", fPrevious: "previous", fUnknown: "?",
 }
 
 func (f field) String() string { return fieldNames[f] }
@@ -146,6 +148,10 @@ func lookupField(key []byte) field {
 		return fContent
 	case "records":
 		return fRecords
+	case "checksum":
+		return fChecksum
+	case "previous":
+		return fPrevious
 	}
 	return fUnknown
 }
@@ -156,6 +162,7 @@ type recordFields struct {
 	seen uint64
 
 	typ, format, version, kind, engine, systemID, slot, serverVersion []byte
+	checksum, previous                                                []byte
 	schema, name, table, replicaIdentity, prefix, content             []byte
 
 	position, end        Position
@@ -250,6 +257,10 @@ func (d *Decoder) parseField(f field) error {
 		r.slot, err = d.stringField()
 	case fServerVersion:
 		r.serverVersion, err = d.stringField()
+	case fChecksum:
+		r.checksum, err = d.stringField()
+	case fPrevious:
+		r.previous, err = d.stringField()
 	case fSchema:
 		r.schema, err = d.stringField()
 	case fName:

@@ -18,7 +18,7 @@ const (
 // The members each record type reads, and those it requires.
 var (
 	headerFields = fields(fT, fFormat, fVersion, fKind, fEngine, fPosition, fEnd, fSystemID,
-		fTimeline, fSlot, fServerVersion, fCreated)
+		fTimeline, fSlot, fServerVersion, fCreated, fChecksum, fPrevious)
 	headerRequired = fields(fFormat, fVersion, fKind, fPosition)
 	tableFields    = fields(fT, fSchema, fName, fColumns, fPrimaryKey, fIdentityKey,
 		fReplicaIdentity, fPartitioned, fPartitionOf)
@@ -180,9 +180,17 @@ func (d *Decoder) headerRecord() error {
 		Slot:          string(f.slot),
 		ServerVersion: string(f.serverVersion),
 		Created:       f.created,
+		Previous:      string(f.previous),
+		Checked:       d.summed,
 	}
 	if !h.Kind.valid() {
 		return fmt.Errorf("%w: kind %q is not snapshot, incremental or changes", ErrInvalidRecord, truncateText(f.kind))
+	}
+	switch named := f.seen&fChecksum.bit() != 0; {
+	case d.summed && string(f.checksum) != checksumName:
+		return fmt.Errorf("%w: checksum %q, want %q", ErrChecksum, truncateText(f.checksum), checksumName)
+	case named && !d.summed:
+		return fmt.Errorf("%w: the header names %s checksums but carries no sum: it was changed", ErrChecksum, truncateText(f.checksum))
 	}
 	d.header = h
 	d.haveHeader = true
@@ -289,6 +297,6 @@ func (d *Decoder) endRecord() (Record, error) {
 		return Record{}, fmt.Errorf("%w: the end record counts %d records, the stream has %d",
 			ErrInvalidRecord, d.f.records, d.count)
 	}
-	d.ended = true
+	d.ended, d.endPos = true, d.f.position
 	return Record{Type: RecordEnd, Position: d.f.position, Count: d.count}, nil
 }

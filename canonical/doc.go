@@ -29,7 +29,7 @@
 // record type. A stream is a header, then table records, rows or changes, and
 // an end record:
 //
-//	{"t":"header","format":"siphon.jsonl","version":1,"kind":"snapshot","engine":"postgres","position":"0/16B3748","end":"0/16B9000","system_id":"7301234567890123456","timeline":1,"slot":"siphon","server_version":"15.18","created":"2026-11-30T05:00:00Z"}
+//	{"t":"header","format":"siphon.jsonl","version":1,"checksum":"crc32c","kind":"snapshot","engine":"postgres","position":"0/16B3748","end":"0/16B9000","system_id":"7301234567890123456","timeline":1,"slot":"siphon","server_version":"15.18","created":"2026-11-30T05:00:00Z","sum":"xxxxxxxx"}
 //	{"t":"table","schema":"public","name":"t","columns":[{"name":"id","type":"bigint","type_oid":20,"nullable":false},{"name":"body","type":"text","type_oid":25,"nullable":true}],"primary_key":["id"],"identity_key":["id"],"replica_identity":"default"}
 //	{"t":"row","schema":"public","table":"t","values":["1",null]}
 //	{"t":"begin","xid":745,"position":"0/16B3748","commit_time":"2026-11-30T05:00:00.123456Z"}
@@ -38,10 +38,11 @@
 //	{"t":"delete","schema":"public","table":"t","xid":745,"position":"0/16B3748","old":["1",null]}
 //	{"t":"truncate","xid":745,"position":"0/16B3748","tables":[{"schema":"public","name":"t"}],"cascade":false,"restart_identity":false}
 //	{"t":"message","xid":745,"position":"0/16B3748","transactional":true,"prefix":"p","content":"aGVsbG8="}
-//	{"t":"commit","xid":745,"position":"0/16B3790","commit_time":"2026-11-30T05:00:00.123456Z"}
-//	{"t":"end","position":"0/16B3790","records":9}
+//	{"t":"commit","xid":745,"position":"0/16B3790","commit_time":"2026-11-30T05:00:00.123456Z","sum":"xxxxxxxx"}
+//	{"t":"end","position":"0/16B3790","records":9,"sum":"xxxxxxxx"}
 //
-// (A real stream holds either rows or changes, as its header's [Kind] says:
+// ("xxxxxxxx" stands for a checksum, see below. A real stream holds either
+// rows or changes, as its header's [Kind] says:
 // a snapshot holds rows; an incremental backup or a recorded change stream
 // holds changes.)
 //
@@ -49,8 +50,9 @@
 //
 //   - header: always the first line. "position" is where the stream starts
 //     (a snapshot's consistent point, or the Position an incremental
-//     continues from), "end" where it ends when known. A version other than
-//     1 is refused ([ErrUnsupportedVersion]). See [Header].
+//     continues from), "end" where it ends when known, "previous" the Link
+//     of the backup an incremental continues. A version other than 1 is
+//     refused ([ErrUnsupportedVersion]). See [Header].
 //   - table: a table's columns, keys and replica identity. It comes before
 //     the first row or change of its table, and again whenever the columns
 //     sent with a change differ (like pgoutput's Relation message). Values
@@ -70,6 +72,27 @@
 //
 // Positions are strings in LSN notation; times are RFC 3339 strings in UTC;
 // xid, timeline, type_oid and records are JSON integers.
+//
+// # Checksums
+//
+// Every stream an Encoder writes is checked, so that it can be trusted
+// after it was stored, copied or sent, and still be written and read in one
+// pass (through a pipe, a socket). A running CRC-32C (Castagnoli) covers
+// every byte from the first of the header on, and checkpoint records end
+// with a member "sum": the running CRC-32C of the stream up to and
+// including `"sum":"` of that line, as eight lowercase hex digits. The
+// header (which names the algorithm: "checksum":"crc32c"), every commit,
+// every change outside a transaction, the end record and, in snapshots, a
+// row every 256 KiB are checkpoints. The Decoder verifies each checkpoint
+// as it reads it, and requires one on the header, every commit and the end
+// record of a checked stream, so a changed byte (a digit of a value, a
+// position or an xid), a record or transaction removed, repeated or moved,
+// or a header made to look unchecked, is an error wrapping [ErrChecksum] at
+// the next checkpoint at the latest: a reader that acts on a transaction
+// only at its commit never acts on a damaged one. A stream whose header
+// carries no sum (written by hand) is read as unchecked: [Header].Checked
+// is false. [Decoder.Link] and [Encoder.Link] identify a checked stream by
+// its end and last sum, for chains of backups.
 //
 // # Guarantees
 //

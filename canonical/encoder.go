@@ -3,6 +3,7 @@ package canonical
 import (
 	"bufio"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"slices"
 )
@@ -17,6 +18,11 @@ import (
 // (see [ErrOrder]). An error of the underlying writer is final: every later
 // call returns it.
 //
+// The stream is checked: the header, every commit, every change outside a
+// transaction, the end record and, in snapshots, a row every 256 KiB
+// carry a running CRC-32C of the stream (see [Header].Checked), which the
+// Decoder verifies as it reads.
+//
 // Rows and changes are written without reflection or per-value allocation.
 // An Encoder is not safe for concurrent use.
 type Encoder struct {
@@ -24,6 +30,11 @@ type Encoder struct {
 	buf  []byte // the record being built; reused
 	tbuf []byte // a table record written ahead of a change; reused
 	err  error  // the writer's error, final
+
+	crc        uint32 // CRC-32C of every byte written
+	sinceCheck int    // bytes written since the last checkpoint
+	lastSum    uint32 // the last checkpoint's sum
+	end        Position
 
 	kind    Kind
 	started bool // header written
@@ -72,11 +83,34 @@ func (e *Encoder) emit() error {
 	return e.write(e.buf)
 }
 
+// emitChecked writes the record in e.buf as a checkpoint: with the sum of
+// the stream up to it.
+func (e *Encoder) emitChecked() error {
+	e.buf, e.lastSum = checked(e.buf, e.crc)
+	if err := e.emit(); err != nil {
+		return err
+	}
+	e.sinceCheck = 0
+	return nil
+}
+
+// Link identifies the stream once [Encoder.WriteEnd] has written its end
+// record, as [Decoder.Link] does when it reads it back: the next backup of
+// a chain records it as its [Header].Previous. It is empty before that.
+func (e *Encoder) Link() string {
+	if !e.ended {
+		return ""
+	}
+	return link(e.lastSum, e.end)
+}
+
 func (e *Encoder) write(b []byte) error {
 	if _, err := e.w.Write(b); err != nil {
 		e.err = fmt.Errorf("canonical: write: %w", err)
 		return e.err
 	}
+	e.crc = crc32.Update(e.crc, castagnoli, b)
+	e.sinceCheck += len(b)
 	return nil
 }
 
@@ -117,6 +151,8 @@ func (e *Encoder) WriteHeader(h Header) error {
 	b = append(b, `"`+FormatName+`"`...)
 	b = appendKey(b, "version")
 	b = appendUint(b, FormatVersion)
+	b = appendKey(b, "checksum")
+	b = append(b, `"`+checksumName+`"`...)
 	b = appendKey(b, "kind")
 	b, _ = appendString(b, string(h.Kind))
 	var err error
@@ -139,6 +175,9 @@ func (e *Encoder) WriteHeader(h Header) error {
 	if b, err = appendOptString(b, "server_version", h.ServerVersion); err != nil {
 		return fail("server_version", err)
 	}
+	if b, err = appendOptString(b, "previous", h.Previous); err != nil {
+		return fail("previous", err)
+	}
 	if !h.Created.IsZero() {
 		if !timeEncodable(h.Created) {
 			return fail("created", fmt.Errorf("%w: year of %v is outside 0-9999", ErrInvalidRecord, h.Created))
@@ -146,7 +185,7 @@ func (e *Encoder) WriteHeader(h Header) error {
 		b = appendTime(appendKey(b, "created"), h.Created)
 	}
 	e.buf = append(b, '}')
-	if err := e.emit(); err != nil {
+	if err := e.emitChecked(); err != nil {
 		return err
 	}
 	e.started = true
@@ -342,7 +381,11 @@ func (e *Encoder) WriteRow(table TableName, row Row) error {
 		return err
 	}
 	e.buf = append(b, '}')
-	if err := e.emit(); err != nil {
+	emit := e.emit
+	if e.sinceCheck >= checkpointBytes {
+		emit = e.emitChecked
+	}
+	if err := emit(); err != nil {
 		return err
 	}
 	e.count++
@@ -390,10 +433,10 @@ func (e *Encoder) WriteEnd(end Position) error {
 	b := appendQuotedPosition(appendKey(e.buf, "position"), end)
 	b = appendUint(appendKey(b, "records"), e.count)
 	e.buf = append(b, '}')
-	if err := e.emit(); err != nil {
+	if err := e.emitChecked(); err != nil {
 		return err
 	}
-	e.ended = true
+	e.ended, e.end = true, end
 	return e.Flush()
 }
 

@@ -59,7 +59,11 @@ func (e *Encoder) WriteChange(ch *Change) error {
 		}
 		e.register(pending)
 	}
-	if err := e.emit(); err != nil {
+	emit := e.emit
+	if ch.Op == OpCommit || ch.Op == OpMessage && !e.inTx {
+		emit = e.emitChecked
+	}
+	if err := emit(); err != nil {
 		return err
 	}
 	e.count++

@@ -36,7 +36,7 @@ func TestEncoderFormat(t *testing.T) {
 	assert.Equal(t, uint64(8), e.Count())
 
 	want := lines(
-		`{"t":"header","format":"siphon.jsonl","version":1,"kind":"changes","engine":"postgres","position":"0/16B3748","end":"0/16B9000","system_id":"7301234567890123456","timeline":1,"slot":"siphon","server_version":"15.18","created":"2026-11-30T05:00:00Z"}`,
+		`{"t":"header","format":"siphon.jsonl","version":1,"checksum":"crc32c","kind":"changes","engine":"postgres","position":"0/16B3748","end":"0/16B9000","system_id":"7301234567890123456","timeline":1,"slot":"siphon","server_version":"15.18","created":"2026-11-30T05:00:00Z","sum":"15f63fdd"}`,
 		`{"t":"table","schema":"public","name":"t","columns":[{"name":"id","type":"bigint","type_oid":20,"nullable":false},{"name":"body","type":"text","type_oid":25,"nullable":true},{"name":"note","type":"text","type_oid":25,"nullable":true}],"primary_key":["id"],"identity_key":["id"],"replica_identity":"default"}`,
 		`{"t":"begin","xid":745,"position":"0/16B3748","commit_time":"2026-11-30T05:00:00.123456Z"}`,
 		`{"t":"insert","schema":"public","table":"t","xid":745,"position":"0/16B3748","new":["1","hi \"you\"\n",null]}`,
@@ -44,8 +44,8 @@ func TestEncoderFormat(t *testing.T) {
 		`{"t":"delete","schema":"public","table":"t","xid":745,"position":"0/16B3748","old":["1",null,null]}`,
 		`{"t":"truncate","xid":745,"position":"0/16B3748","tables":[{"schema":"public","name":"t"}],"cascade":false,"restart_identity":false}`,
 		`{"t":"message","xid":745,"position":"0/16B3748","transactional":true,"prefix":"p","content":"aGVsbG8="}`,
-		`{"t":"commit","xid":745,"position":"0/16B3790","commit_time":"2026-11-30T05:00:00.123456Z"}`,
-		`{"t":"end","position":"0/16B3790","records":8}`,
+		`{"t":"commit","xid":745,"position":"0/16B3790","commit_time":"2026-11-30T05:00:00.123456Z","sum":"5af667ec"}`,
+		`{"t":"end","position":"0/16B3790","records":8,"sum":"67ba838d"}`,
 	)
 	assert.Equal(t, string(want), buf.String())
 	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {

@@ -38,8 +38,11 @@ import (
 // the only one it reads.
 const EnvelopeVersion = 1
 
+// EnvelopeMagic starts every envelope: its magic line is EnvelopeMagic and
+// the format version.
+const EnvelopeMagic = "siphon-envelope/"
+
 const (
-	envelopeMagic  = "siphon-envelope/"
 	maxHeaderLine  = 1 << 20
 	maxTrailerLine = 4 << 10
 	// maxChunk is the largest chunk a reader accepts; writers use
@@ -245,7 +248,7 @@ func NewEnvelopeWriter(w io.Writer, h EnvelopeHeader) (*EnvelopeWriter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("canonical: write envelope: %w", err)
 	}
-	lines := append([]byte(envelopeMagic+strconv.Itoa(EnvelopeVersion)+"\n"), js...)
+	lines := append([]byte(EnvelopeMagic+strconv.Itoa(EnvelopeVersion)+"\n"), js...)
 	lines = append(lines, '\n')
 	ew := &EnvelopeWriter{w: w, chunk: envelopeChunk, frame: make([]byte, 4, 4+envelopeChunk+4), header: sha256.New(), body: sha256.New()}
 	ew.header.Write(lines)

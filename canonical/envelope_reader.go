@@ -138,24 +138,24 @@ func (e *EnvelopeReader) readFull(p []byte, want string) error {
 
 // readMagic reads "siphon-envelope/<version>\n".
 func (e *EnvelopeReader) readMagic() error {
-	start, err := e.r.Peek(len(envelopeMagic))
-	if !bytes.HasPrefix(start, []byte(envelopeMagic)) {
-		if len(start) > 0 && !bytes.HasPrefix([]byte(envelopeMagic), start) {
+	start, err := e.r.Peek(len(EnvelopeMagic))
+	if !bytes.HasPrefix(start, []byte(EnvelopeMagic)) {
+		if len(start) > 0 && !bytes.HasPrefix([]byte(EnvelopeMagic), start) {
 			return e.fail(0, ErrNotEnvelope, "the stream starts with %s", describeStart(start))
 		}
-		return e.readErr(err, "the magic line "+strconv.Quote(envelopeMagic+"1"))
+		return e.readErr(err, "the magic line "+strconv.Quote(EnvelopeMagic+"1"))
 	}
-	line, err := e.readLine(len(envelopeMagic)+10, "the end of the magic line")
+	line, err := e.readLine(len(EnvelopeMagic)+10, "the end of the magic line")
 	if err != nil {
 		return err
 	}
-	digits := line[len(envelopeMagic):]
+	digits := line[len(EnvelopeMagic):]
 	version, convErr := strconv.Atoi(string(digits))
 	if convErr != nil || len(digits) == 0 || digits[0] < '0' || digits[0] > '9' {
 		return e.fail(0, ErrNotEnvelope, "the magic line %q does not end in a format version number", line)
 	}
 	if version != EnvelopeVersion {
-		return e.fail(int64(len(envelopeMagic)), ErrUnsupportedVersion,
+		return e.fail(int64(len(EnvelopeMagic)), ErrUnsupportedVersion,
 			"envelope format version %d; this siphon reads version %d: read it with a siphon release that knows version %d",
 			version, EnvelopeVersion, version)
 	}
@@ -170,7 +170,7 @@ func describeStart(b []byte) string {
 	case bytes.HasPrefix(b, []byte("{")):
 		return `"{": it looks like a bare JSONL stream, not an envelope`
 	}
-	return fmt.Sprintf("%q instead of %q", b, envelopeMagic)
+	return fmt.Sprintf("%q instead of %q", b, EnvelopeMagic)
 }
 
 // readLine reads one line of at most limit bytes, newline excluded, and

@@ -53,6 +53,14 @@ var (
 	// ErrLineTooLong means a line is longer than the Decoder's limit (see
 	// [Decoder.SetMaxLineBytes]).
 	ErrLineTooLong = errors.New("line too long")
+
+	// ErrChecksum means a checked stream's bytes are not those its writer
+	// wrote: a checkpoint's sum does not match the bytes before it (a
+	// value, position or any byte changed, a record or transaction removed,
+	// added or moved), a commit or end record lacks its sum, or the header's
+	// own checksum members were changed. Nothing after the last checkpoint
+	// that verified can be trusted.
+	ErrChecksum = errors.New("checksum mismatch")
 )
 
 // DecodeError is the error [Decoder.Header] and [Decoder.Next] return for

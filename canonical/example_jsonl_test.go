@@ -41,12 +41,12 @@ func ExampleEncoder_WriteChange() {
 		fmt.Println(err)
 	}
 	// Output:
-	// {"t":"header","format":"siphon.jsonl","version":1,"kind":"changes","position":"0/16B3700"}
+	// {"t":"header","format":"siphon.jsonl","version":1,"checksum":"crc32c","kind":"changes","position":"0/16B3700","sum":"57066459"}
 	// {"t":"begin","xid":745,"position":"0/16B3748","commit_time":"2026-11-30T05:00:00.123456Z"}
 	// {"t":"table","schema":"public","name":"t","columns":[{"name":"id","type":"bigint","type_oid":20,"nullable":false},{"name":"body","type":"text","type_oid":25,"nullable":true}]}
 	// {"t":"update","schema":"public","table":"t","xid":745,"position":"0/16B3748","new":["1",null],"unchanged":["body"]}
-	// {"t":"commit","xid":745,"position":"0/16B3790","commit_time":"2026-11-30T05:00:00.123456Z"}
-	// {"t":"end","position":"0/16B3790","records":4}
+	// {"t":"commit","xid":745,"position":"0/16B3790","commit_time":"2026-11-30T05:00:00.123456Z","sum":"ae8fb80c"}
+	// {"t":"end","position":"0/16B3790","records":4,"sum":"909a704d"}
 }
 
 // Read a snapshot stream record by record.

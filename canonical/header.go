@@ -65,4 +65,14 @@ type Header struct {
 	// Created is when the stream was written. It is written in UTC with up
 	// to nanosecond precision.
 	Created time.Time
+	// Previous, for a stream that continues a chain of backups, is the
+	// Link of the backup it continues (see [Decoder.Link] and
+	// [EnvelopeTrailer.Link]); empty otherwise. JSON field "previous".
+	Previous string
+	// Checked is true when the stream carries checksums, which the Decoder
+	// verifies (every stream an Encoder writes does; the Encoder ignores
+	// this field); false for a stream written without them (by hand, or by
+	// siphon before checksums), whose bytes nothing vouches for. JSON field
+	// "checksum" ("crc32c") with the header's "sum".
+	Checked bool
 }

@@ -23,6 +23,7 @@ var (
 		Slot:          "siphon",
 		ServerVersion: "15.18",
 		Created:       time.Date(2026, 11, 30, 5, 0, 0, 0, time.UTC),
+		Checked:       true, // as the Decoder reads what an Encoder wrote
 	}
 )
 

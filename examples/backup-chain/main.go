@@ -249,7 +249,8 @@ type chain struct {
 	dir      string
 	files    []string
 	ends     []canonical.Position
-	baseSlot string // the physical base slot that pins the chain's WAL
+	last     siphon.ChainLink // what the next incremental continues
+	baseSlot string           // the physical base slot that pins the chain's WAL
 }
 
 // runChain starts a chain with a base backup, then takes its incrementals
@@ -300,25 +301,26 @@ func (o *orchestrator) base(ctx context.Context, ch *chain) error {
 	if rep.Base != nil {
 		ch.baseSlot = rep.Base.Slot
 	}
-	ch.files, ch.ends = append(ch.files, path), append(ch.ends, rep.Start)
+	ch.files, ch.ends, ch.last = append(ch.files, path), append(ch.ends, rep.Start), rep.ChainLink()
 	fmt.Fprintf(o.out, "%-26s base         at %-12v %9s  (base slot %s)\n", rel(o.root, path), rep.Start, size(n), ch.baseSlot)
 	return nil
 }
 
-// incremental writes the chain's i-th incremental, from where it ends.
+// incremental writes the chain's i-th incremental, from where it ends,
+// naming the link before it.
 func (o *orchestrator) incremental(ctx context.Context, ch *chain, i int) error {
 	path := filepath.Join(ch.dir, fmt.Sprintf("incr-%04d.jsonl", i))
-	start := ch.ends[len(ch.ends)-1]
-	var end canonical.Position
+	start := ch.last.End
+	var next siphon.ChainLink
 	n, err := writeFile(path, func(w io.Writer) (err error) {
-		end, err = o.c.BackupIncremental(ctx, start, w)
+		next, err = o.c.BackupIncrementalAfter(ctx, ch.last, w)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("incremental %d: %w", i, err)
 	}
-	ch.files, ch.ends = append(ch.files, path), append(ch.ends, end)
-	fmt.Fprintf(o.out, "%-26s incremental  %v -> %v  %9s\n", rel(o.root, path), start, end, size(n))
+	ch.files, ch.ends, ch.last = append(ch.files, path), append(ch.ends, next.End), next
+	fmt.Fprintf(o.out, "%-26s incremental  %v -> %v  %9s\n", rel(o.root, path), start, next.End, size(n))
 	return nil
 }
 

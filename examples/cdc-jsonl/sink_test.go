@@ -72,7 +72,7 @@ func TestSinkRefusesADamagedFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, damaged, 0o644))
 
 	_, err = openSink(dir, 1<<20, "slot")
-	require.ErrorIs(t, err, canonical.ErrSyntax)
+	require.ErrorIs(t, err, canonical.ErrChecksum, "the commit's checksum finds the damage")
 	after, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, damaged, after, "a damaged file is not rewritten")
