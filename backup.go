@@ -63,6 +63,16 @@ type BackupOptions struct {
 	// [ErrSerializableDeferrable] rather than pretend; dump with package
 	// pgdump instead when you need it (the dump is then not aligned).
 	SerializableDeferrable bool
+	// StartChain makes the backup the base of a chain of incrementals:
+	// Backup makes sure siphon's publication and persistent slot exist
+	// before the dump's snapshot, so that [Conn.BackupIncrementalAfter]
+	// from the backup's [VerifyReport.ChainLink] continues it with no gap.
+	// The slot then keeps the WAL from there until incrementals consume it,
+	// or [Conn.Detach] drops it. Defaults to false: a one-off backup, that
+	// leaves no slot and no publication behind; it is still the base of a
+	// chain when the persistent slot existed already (the envelope's Slot
+	// then names it), and otherwise nothing can continue it.
+	StartChain bool
 	// BaseSlot makes Backup create a physical base slot ([Conn.CreateBaseSlot])
 	// before the dump and capture its end after ([Conn.CaptureBaseEnd]):
 	// the envelope records the slot and its WAL range, and the slot pins
@@ -94,12 +104,12 @@ type BackupOptions struct {
 // ([canonical.EnvelopeWriter]) whose body is pg_dump's custom-format
 // archive (or, with Jobs, its directory format as a tar).
 //
-// The dump is aligned with the change stream: Backup makes sure the
-// persistent slot exists, creates a temporary slot that exports a
-// snapshot, and runs pg_dump --snapshot inside it. The envelope's Start
-// (and End) is that snapshot's consistent point: the dump holds exactly
-// the transactions committed at or before it, and [Conn.BackupIncremental]
-// from it continues with no gap and no duplicate. The header also records
+// The dump is aligned with the change stream: Backup creates a temporary
+// slot that exports a snapshot, and runs pg_dump --snapshot inside it. The
+// envelope's Start (and End) is that snapshot's consistent point: the dump
+// holds exactly the transactions committed at or before it, and, when the
+// persistent slot existed before it (see StartChain),
+// [Conn.BackupIncremental] from it continues with no gap and no duplicate. The header also records
 // the system identifier and timeline (IDENTIFY_SYSTEM), the server
 // version, the slot, and the tables dumped.
 //
@@ -125,7 +135,7 @@ func (c *Conn) Backup(ctx context.Context, opt BackupOptions, w io.Writer) (err 
 			}
 		}()
 	}
-	snap, err := c.createSnapshotSlot(ctx)
+	snap, err := c.createSnapshotSlot(ctx, opt.StartChain)
 	if err != nil {
 		return fmt.Errorf("siphon: backup: %w", err)
 	}
@@ -140,6 +150,16 @@ func (c *Conn) Backup(ctx context.Context, opt BackupOptions, w io.Writer) (err 
 	}
 	run := &backupRun{opt: opt, dump: dumpOpts, prog: prog, src: src, snap: snap, base: base}
 	return c.writeBackup(ctx, run, w)
+}
+
+// chainSlot is the slot the backup's incrementals continue from: the
+// persistent slot, when it existed before the snapshot; "" for a backup
+// nothing can continue.
+func (run *backupRun) chainSlot(c *Conn) string {
+	if run.snap.Anchored {
+		return c.opts.slot
+	}
+	return ""
 }
 
 // backupRun is what one Backup has gathered once its slots exist.
@@ -239,7 +259,7 @@ func (c *Conn) backupHeader(run *backupRun, tables []canonical.TableName) canoni
 	h := canonical.EnvelopeHeader{
 		Kind: canonical.KindDump, Body: canonical.BodyPgDumpCustom, Engine: canonical.EnginePostgres,
 		ServerVersion: run.src.serverVersion, Tool: "pg_dump " + run.prog.Version.String(),
-		SystemID: run.src.systemID, Timeline: run.src.timeline, Slot: c.opts.slot,
+		SystemID: run.src.systemID, Timeline: run.src.timeline, Slot: run.chainSlot(c),
 		Start: run.snap.ConsistentPoint, End: run.snap.ConsistentPoint, Previous: run.opt.Previous, Tables: tables,
 	}
 	if run.opt.Jobs > 1 {

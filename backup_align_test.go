@@ -122,7 +122,7 @@ func TestBackupAlignsWithTheFirstIncremental(t *testing.T) {
 	require.NoError(t, w.waitCommits(50)) // committed before the backup starts
 	var base bytes.Buffer
 	var duringDump error
-	require.NoError(t, c.Backup(ctx, siphon.BackupOptions{}, &pausingWriter{w: &base, resume: func() { duringDump = w.waitCommits(200) }}))
+	require.NoError(t, c.Backup(ctx, siphon.BackupOptions{StartChain: true}, &pausingWriter{w: &base, resume: func() { duringDump = w.waitCommits(200) }}))
 	require.NoError(t, duringDump)
 	require.NoError(t, w.waitCommits(50)) // after the backup
 	w.halt()

@@ -70,7 +70,7 @@ func newChainFixture(t *testing.T) *chainFixture {
 		`INSERT INTO tbl SELECT g, 'v' || g FROM generate_series(1, 30) g`,
 		`CREATE TABLE ticks (k int PRIMARY KEY)`)
 	c, slot := backupConn(t, dsn)
-	f := &chainFixture{dsn: dsn, src: src, c: c, slot: slot, base: backup(t, c, siphon.BackupOptions{})}
+	f := &chainFixture{dsn: dsn, src: src, c: c, slot: slot, base: backup(t, c, siphon.BackupOptions{StartChain: true})}
 	rep, err := c.Verify(ctx, bytes.NewReader(f.base))
 	require.NoError(t, err)
 	require.True(t, rep.OK, "%v", rep.Problems)

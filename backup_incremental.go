@@ -50,6 +50,11 @@ func (c *Conn) BackupIncremental(ctx context.Context, since canonical.Position, 
 // next one. prev comes from [VerifyReport.ChainLink] for a base backup, or
 // from the previous BackupIncrementalAfter.
 func (c *Conn) BackupIncrementalAfter(ctx context.Context, prev ChainLink, w io.Writer) (ChainLink, error) {
+	release, err := c.claimStream()
+	if err != nil {
+		return prev, fmt.Errorf("siphon: incremental backup: %w", err)
+	}
+	defer release()
 	since := prev.End
 	_, bound, err := c.insertPosition(ctx)
 	if err != nil {

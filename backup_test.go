@@ -149,7 +149,7 @@ func TestBackupVerifyRestoreRoundTrip(t *testing.T) {
 	dsn, src := newDatabase(t)
 	execSQL(t, src, typeClassesSchema...)
 	c, slot := backupConn(t, dsn)
-	data := backup(t, c, siphon.BackupOptions{})
+	data := backup(t, c, siphon.BackupOptions{StartChain: true})
 
 	rep, err := c.Verify(context.Background(), bytes.NewReader(data))
 	require.NoError(t, err)

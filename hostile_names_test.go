@@ -95,7 +95,7 @@ func TestHostileNamesGoThroughEveryPath(t *testing.T) {
 	var snapshot, backup, incremental bytes.Buffer
 	snapshotAt, err := src.EmitCanonical(ctx, nil, &snapshot)
 	require.NoError(t, err)
-	require.NoError(t, backups.Backup(ctx, siphon.BackupOptions{}, &backup))
+	require.NoError(t, backups.Backup(ctx, siphon.BackupOptions{StartChain: true}, &backup))
 	report, err := backups.Verify(ctx, bytes.NewReader(backup.Bytes()))
 	require.NoError(t, err)
 	require.True(t, report.OK, "%v", report.Problems)

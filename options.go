@@ -30,6 +30,12 @@ type options struct {
 	triggersOnApply bool
 	// uncheckedStreams: accept canonical streams without checksums.
 	uncheckedStreams bool
+	// keyless is what happens to tables without a usable replica
+	// identity; keylessChosen tells WithKeylessTables was given.
+	keyless       KeylessTables
+	keylessChosen bool
+	// source is set by the options only a source needs.
+	source bool
 }
 
 func defaultOptions() options {
@@ -82,19 +88,21 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // WithSlot names the persistent logical replication slot that holds the
 // change stream's position: 1 to 63 characters of a-z, 0-9 and _.
 // Defaults to "siphon".
-func WithSlot(name string) Option { return func(o *options) { o.slot = name } }
+func WithSlot(name string) Option { return func(o *options) { o.slot, o.source = name, true } }
 
 // WithPublication names the publication that selects the streamed tables
 // (created when missing): 1 to 63 characters of a-z, 0-9 and _. Defaults
 // to "siphon".
-func WithPublication(name string) Option { return func(o *options) { o.publication = name } }
+func WithPublication(name string) Option {
+	return func(o *options) { o.publication, o.source = name, true }
+}
 
 // WithTables restricts siphon to the named tables, each "schema.table" in
 // SQL notation: unquoted parts fold to lower case, double-quoted parts are
 // taken as written (`"Sales"."Order Lines"`); a name without a schema is in
 // "public". Defaults to every user table.
 func WithTables(names ...string) Option {
-	return func(o *options) { o.tables = append([]string(nil), names...) }
+	return func(o *options) { o.tables, o.source = append([]string(nil), names...), true }
 }
 
 // WithSlotRetry sets how long slot creation waits for blocking
@@ -138,6 +146,53 @@ func WithProgress(f func(Progress)) Option { return func(o *options) { o.progres
 // WithCopySessions sets how many sessions copy tables in parallel (bounded
 // by the server's free connections). Defaults to 4.
 func WithCopySessions(n int) Option { return func(o *options) { o.copySessions = n } }
+
+// KeylessTables says what siphon's publication does with a table that has
+// no usable replica identity (no primary key, and no REPLICA IDENTITY FULL
+// or USING INDEX): PostgreSQL refuses every UPDATE and DELETE on a table
+// that is in a publication publishing them and has none, so such a table
+// must never join siphon's publication as it is.
+type KeylessTables int
+
+// What [WithKeylessTables] can do with tables without a usable replica
+// identity.
+const (
+	// KeylessSkip leaves them out of the publication: their changes and
+	// rows are not captured, and siphon logs which they are (at Warn, when
+	// it creates the publication) and [Conn.Preflight] lists them.
+	KeylessSkip KeylessTables = iota
+	// KeylessInsertsOnly captures their inserts and truncates, through a
+	// second publication ("<publication>_inserts") that publishes nothing
+	// else: the application's updates and deletes on them work, and are
+	// not captured. For append-only tables (logs, events).
+	KeylessInsertsOnly
+	// KeylessFull sets REPLICA IDENTITY FULL on them (which needs owning
+	// them), then captures them whole: updates and deletes carry the whole
+	// old row, which costs WAL, and apply finds rows by all their values.
+	KeylessFull
+)
+
+func (k KeylessTables) String() string {
+	switch k {
+	case KeylessSkip:
+		return "skip"
+	case KeylessInsertsOnly:
+		return "inserts only"
+	case KeylessFull:
+		return "replica identity full"
+	}
+	return fmt.Sprintf("KeylessTables(%d)", int(k))
+}
+
+// WithKeylessTables says what siphon's publication does with tables that
+// have no usable replica identity, when siphon creates it or
+// [Conn.SyncPublication] adds tables to it: see [KeylessTables]. Defaults
+// to [KeylessSkip] for the publication of every table; a table named by
+// [WithTables] that has no usable replica identity is refused with a
+// [*ReplicaIdentityError] unless this option says what to do with it.
+func WithKeylessTables(k KeylessTables) Option {
+	return func(o *options) { o.keyless, o.keylessChosen, o.source = k, true, true }
+}
 
 // WithTriggersOnApply makes apply ([Conn.ConsumeCanonical],
 // [Conn.ApplyChange], [Conn.RestoreChain]) run as an ordinary session on
@@ -187,6 +242,13 @@ func (o *options) validate() ([]canonical.TableName, error) {
 	}
 	if o.heartbeat < 0 {
 		return nil, &OptionError{Option: "WithHeartbeat", Problem: fmt.Sprintf("%v is negative", o.heartbeat), Fix: "use a positive interval, or 0 for no heartbeat"}
+	}
+	if o.keyless < KeylessSkip || o.keyless > KeylessFull {
+		return nil, &OptionError{Option: "WithKeylessTables", Problem: fmt.Sprintf("%v is not a policy", o.keyless), Fix: "use KeylessSkip, KeylessInsertsOnly or KeylessFull"}
+	}
+	if o.keyless == KeylessInsertsOnly && len(o.publication) > 63-len(insertsSuffix) {
+		return nil, &OptionError{Option: "WithPublication", Problem: fmt.Sprintf("%q is too long for KeylessInsertsOnly, which adds a publication %q", o.publication, o.publication+insertsSuffix),
+			Fix: fmt.Sprintf("use at most %d characters", 63-len(insertsSuffix))}
 	}
 	if o.copySessions < 1 || o.copySessions > 64 {
 		return nil, &OptionError{Option: "WithCopySessions", Problem: fmt.Sprintf("%d sessions", o.copySessions), Fix: "use 1 to 64"}

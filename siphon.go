@@ -110,12 +110,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/siphondb/siphon/canonical"
+	dsnpkg "github.com/siphondb/siphon/internal/dsn"
 	"github.com/siphondb/siphon/internal/fkgraph"
 )
 
@@ -135,17 +137,28 @@ var sessionSettings = map[string]string{
 // concurrent use; each operation takes the sessions it needs.
 type Conn struct {
 	config *pgx.ConnConfig // the parsed DSN with siphon's session settings
-	pool   *pgxpool.Pool
+	pool   *sessionPool
 	opts   options
 	tables []canonical.TableName // from WithTables; empty means every user table
 	log    *slog.Logger
 	apply  applyCache // target tables ApplyChange has looked up
+	// streaming is set while a stream reads the Conn's slot.
+	streaming atomic.Bool
+	// walLevel is the server's wal_level, as Connect checked it.
+	walLevel Check
 }
 
 // Connect checks the options, connects to the database dsn names (a
 // PostgreSQL URL or keyword/value string) and checks that the server can
-// serve siphon. It returns an [*OptionError] for an invalid option and an
-// error wrapping [ErrInvalidDSN] for a DSN that does not parse.
+// serve siphon. It returns an [*OptionError] for an invalid option, an
+// error wrapping [ErrInvalidDSN] that says which part of the DSN is wrong
+// (never quoting a password) for a DSN that does not parse, and a
+// [*PreflightError] for what nothing can work without: a database that is
+// not UTF8, a table [WithTables] names that does not exist, and, for a
+// Conn given a source option ([WithSlot], [WithPublication], [WithTables],
+// [WithKeylessTables]), a server whose wal_level is not logical (a Conn
+// without one, which may only apply changes, gets that error from its
+// first operation that reads changes). [Conn.Preflight] checks the rest.
 func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -157,9 +170,9 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	}
 	poolConfig, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		// The parse error may quote the DSN, password included: say only
-		// what the DSN should look like.
-		return nil, fmt.Errorf("%w: write it as a URL (postgres://user@host:5432/dbname) or as keywords (host=h port=5432 dbname=d user=u)", ErrInvalidDSN)
+		// The parse error may quote the DSN, password included: say which
+		// part is wrong in words that quote no secret.
+		return nil, fmt.Errorf("%w: %s", ErrInvalidDSN, dsnpkg.Problem(dsn))
 	}
 	for name, value := range sessionSettings {
 		if _, set := poolConfig.ConnConfig.RuntimeParams[name]; set && name == "application_name" {
@@ -172,32 +185,73 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("siphon: connect: %w", err)
 	}
-	c := &Conn{config: poolConfig.ConnConfig, pool: pool, opts: o, tables: tables, log: o.logger}
-	if err := c.checkServer(ctx); err != nil {
+	c := &Conn{config: poolConfig.ConnConfig, pool: &sessionPool{Pool: pool}, opts: o, tables: tables, log: o.logger}
+	if err := c.checkConnect(ctx); err != nil {
 		pool.Close()
 		return nil, err
 	}
 	return c, nil
 }
 
-// checkServer makes sure the server is reachable and speaks UTF8.
-func (c *Conn) checkServer(ctx context.Context) error {
-	var encoding string
-	if err := c.pool.QueryRow(ctx, "SELECT current_setting('server_encoding')").Scan(&encoding); err != nil {
-		return fmt.Errorf("siphon: connect: %w", err)
-	}
-	if encoding != "UTF8" {
-		return fmt.Errorf("siphon: connect: database encoding is %s: siphon needs a UTF8 database", encoding)
-	}
-	return nil
-}
-
 // Close releases the Conn's sessions. It is safe to call more than once
-// (the pool closes once) and returns nil: closing cannot fail.
+// (the pool closes once) and returns nil: closing cannot fail. A Conn used
+// after Close returns errors wrapping [ErrClosed].
 func (c *Conn) Close() error {
+	c.pool.closed.Store(true)
 	c.pool.Close()
 	return nil
 }
+
+// sessionPool is the Conn's pool of sessions; it refuses work once the
+// Conn is closed, with ErrClosed.
+type sessionPool struct {
+	*pgxpool.Pool
+	closed atomic.Bool
+}
+
+func (p *sessionPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if p.closed.Load() {
+		return pgconn.CommandTag{}, ErrClosed
+	}
+	return p.Pool.Exec(ctx, sql, args...)
+}
+
+func (p *sessionPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if p.closed.Load() {
+		return nil, ErrClosed
+	}
+	return p.Pool.Query(ctx, sql, args...)
+}
+
+func (p *sessionPool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if p.closed.Load() {
+		return closedRow{}
+	}
+	return p.Pool.QueryRow(ctx, sql, args...)
+}
+
+func (p *sessionPool) Acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	if p.closed.Load() {
+		return nil, ErrClosed
+	}
+	return p.Pool.Acquire(ctx)
+}
+
+func (p *sessionPool) Begin(ctx context.Context) (pgx.Tx, error) {
+	return p.BeginTx(ctx, pgx.TxOptions{})
+}
+
+func (p *sessionPool) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	if p.closed.Load() {
+		return nil, ErrClosed
+	}
+	return p.Pool.BeginTx(ctx, opts)
+}
+
+// closedRow is the row a closed Conn's QueryRow returns.
+type closedRow struct{}
+
+func (closedRow) Scan(...any) error { return ErrClosed }
 
 // Errors callers can branch on with errors.Is.
 var (
@@ -293,7 +347,7 @@ func (c *Conn) InspectSchema(ctx context.Context) (*canonical.Schema, error) {
 	for _, name := range c.tables {
 		t, ok := byName[name]
 		if !ok {
-			return nil, fmt.Errorf("siphon: inspect schema: %w", &SchemaIncompatibleError{Table: name, Problem: "the table named by WithTables does not exist"})
+			return nil, fmt.Errorf("siphon: inspect schema: %w", &SchemaIncompatibleError{Table: name, Problem: missingTableProblem})
 		}
 		schema.Tables = append(schema.Tables, t)
 	}
@@ -400,6 +454,9 @@ func (c *Conn) newSession(ctx context.Context) (*pgx.Conn, error) { return c.new
 // newSessionIn is newSession in another database of the server; "" is the
 // Conn's.
 func (c *Conn) newSessionIn(ctx context.Context, database string) (*pgx.Conn, error) {
+	if c.pool.closed.Load() {
+		return nil, ErrClosed
+	}
 	config := c.config.Copy()
 	if database != "" {
 		config.Database = database
@@ -415,6 +472,9 @@ func (c *Conn) newSessionIn(ctx context.Context, database string) (*pgx.Conn, er
 // (replication=database) with siphon's session settings, which the
 // walsender's output functions use too.
 func (c *Conn) newReplicationSession(ctx context.Context) (*pgconn.PgConn, error) {
+	if c.pool.closed.Load() {
+		return nil, ErrClosed
+	}
 	config := c.config.Config.Copy()
 	config.RuntimeParams["replication"] = "database"
 	conn, err := pgconn.ConnectConfig(ctx, config)

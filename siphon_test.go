@@ -153,13 +153,21 @@ func TestInspectSchemaWithTables(t *testing.T) {
 	assert.Equal(t, "B", schema.Tables[0].Name)
 	assert.Equal(t, "a", schema.Tables[1].Name)
 
-	missing, err := siphon.Connect(context.Background(), dsn, siphon.WithTables("public.nope"))
+	_, err = siphon.Connect(context.Background(), dsn, siphon.WithTables("public.nope", "a"))
+	var preflight *siphon.PreflightError
+	require.ErrorAs(t, err, &preflight, "Connect finds a missing table at once")
+	assert.Equal(t, siphon.CheckTables, preflight.Check.Name)
+	assert.Contains(t, err.Error(), "public.nope")
+
+	execSQL(t, admin, `CREATE TABLE gone (id int)`)
+	dropped, err := siphon.Connect(context.Background(), dsn, siphon.WithTables("gone"))
 	require.NoError(t, err)
-	defer missing.Close()
-	_, err = missing.InspectSchema(context.Background())
+	defer dropped.Close()
+	execSQL(t, admin, `DROP TABLE gone`)
+	_, err = dropped.InspectSchema(context.Background())
 	var schemaErr *siphon.SchemaIncompatibleError
-	require.ErrorAs(t, err, &schemaErr)
-	assert.Equal(t, canonical.TableName{Schema: "public", Name: "nope"}, schemaErr.Table)
+	require.ErrorAs(t, err, &schemaErr, "a table dropped after Connect")
+	assert.Equal(t, canonical.TableName{Schema: "public", Name: "gone"}, schemaErr.Table)
 }
 
 func TestSiphontestServerIsShared(t *testing.T) {

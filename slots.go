@@ -238,6 +238,9 @@ type snapshotSlot struct {
 	Name            string             // siphon_snap_<random>
 	SnapshotName    string             // for SET TRANSACTION SNAPSHOT and pg_dump --snapshot
 	ConsistentPoint canonical.Position // rows in the snapshot are those committed at or before it
+	// Anchored is true when the persistent slot existed before the
+	// snapshot: streaming it from ConsistentPoint continues the snapshot.
+	Anchored bool
 
 	c         *Conn
 	repl      *pgconn.PgConn
@@ -245,13 +248,23 @@ type snapshotSlot struct {
 	closeErr  error
 }
 
-// createSnapshotSlot makes sure the persistent slot exists (so streaming
-// from the snapshot's consistent point continues with no gap), then creates
-// a temporary slot exporting a snapshot, with the same lock, timeouts and
-// retries. The caller must Close it.
-func (c *Conn) createSnapshotSlot(ctx context.Context) (*snapshotSlot, error) {
-	if _, err := c.ensureSlot(ctx); err != nil {
-		return nil, err
+// createSnapshotSlot creates a temporary slot exporting a snapshot, with
+// the same lock, timeouts and retries as the persistent slot. With anchor,
+// it first makes sure the persistent slot exists (so streaming from the
+// snapshot's consistent point continues with no gap); without, it only
+// looks whether it does. The caller must Close it.
+func (c *Conn) createSnapshotSlot(ctx context.Context, anchor bool) (*snapshotSlot, error) {
+	anchored := anchor
+	if anchor {
+		if _, err := c.ensureSlot(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		exists, err := checkSlot(ctx, c.pool, c.opts.slot)
+		if err != nil {
+			return nil, wrapSlotErr("look up slot", c.opts.slot, err)
+		}
+		anchored = exists
 	}
 	var suffix [8]byte
 	rand.Read(suffix[:])
@@ -261,7 +274,7 @@ func (c *Conn) createSnapshotSlot(ctx context.Context) (*snapshotSlot, error) {
 		return nil, wrapSlotErr("create snapshot slot", name, err)
 	}
 	c.log.Info("snapshot slot created", "slot", name, "snapshot", s.snapshot, "consistent_point", s.point, "attempts", s.attempts)
-	return &snapshotSlot{Name: name, SnapshotName: s.snapshot, ConsistentPoint: s.point, c: c, repl: s.repl}, nil
+	return &snapshotSlot{Name: name, SnapshotName: s.snapshot, ConsistentPoint: s.point, Anchored: anchored, c: c, repl: s.repl}, nil
 }
 
 // Close closes the slot's replication session, which drops the temporary
@@ -285,6 +298,9 @@ func (s *snapshotSlot) Close(ctx context.Context) error {
 // one succeeds, fails for a reason waiting cannot cure, or MaxBlocked has
 // passed.
 func (c *Conn) createSlot(ctx context.Context, spec slotSpec) (*createdSlot, error) {
+	if err := c.checkWALLevel(); err != nil {
+		return nil, err
+	}
 	r := c.opts.slotRetry
 	floor := min(r.LockTimeout, 100*time.Millisecond) // the shortest attempt worth making
 	start := time.Now()

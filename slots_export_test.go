@@ -24,7 +24,7 @@ func (c *Conn) EnsurePublicationForTest(ctx context.Context) error { return c.en
 
 // CreateSnapshotSlotForTest runs createSnapshotSlot.
 func (c *Conn) CreateSnapshotSlotForTest(ctx context.Context) (*SnapshotSlot, error) {
-	return c.createSnapshotSlot(ctx)
+	return c.createSnapshotSlot(ctx, true)
 }
 
 // DropOrphansForTest drops the named slots as a sweep does after its scan,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -13,98 +14,454 @@ import (
 
 // The publication selects what the change stream carries. It is created
 // before any slot (pgoutput reads publications through the historic
-// catalog), and never changed once it exists.
+// catalog). It names its tables, never FOR ALL TABLES: a table created
+// later joins it only when siphon adds it ([Conn.SyncPublication]), so no
+// table the application creates can start publishing updates it has no
+// replica identity for. Tables without a usable replica identity are
+// handled as [WithKeylessTables] says; with KeylessInsertsOnly a second
+// publication, named with insertsSuffix, publishes only their inserts and
+// truncates.
 
-// ensurePublication creates the publication when it is missing: FOR ALL
-// TABLES, or for the WithTables set. One that exists with another table
-// set, or that does not publish every kind of change, is a
-// [*PublicationMismatchError]: siphon never changes it.
+// insertsSuffix names the publication of KeylessInsertsOnly tables.
+const insertsSuffix = "_inserts"
+
+// PublicationMismatchError reports a publication that exists but does not
+// publish what siphon was configured for, or that tables have drifted away
+// from (created after it, or without a usable replica identity while they
+// are published).
+type PublicationMismatchError struct {
+	Publication string
+	Problem     string // what differs
+	// Missing lists the tables the publication should hold and does not:
+	// tables created after it, whose changes are not captured.
+	Missing []canonical.TableName
+	// Unsafe lists published tables that lost their usable replica
+	// identity: the application's UPDATE and DELETE on them fail.
+	Unsafe []canonical.TableName
+	// Fix says what to do.
+	Fix string
+}
+
+func (e *PublicationMismatchError) Error() string {
+	fix := e.Fix
+	if fix == "" {
+		fix = "siphon does not change an existing publication; adjust it with ALTER PUBLICATION, drop it, or name another with WithPublication"
+	}
+	return fmt.Sprintf("siphon: publication %q %s: %s", e.Publication, e.Problem, fix)
+}
+
+// ReplicaIdentityError reports tables named by [WithTables] that have no
+// usable replica identity, which siphon will not publish without being
+// told how (see [WithKeylessTables]): the application's UPDATE and DELETE
+// on them would fail.
+type ReplicaIdentityError struct {
+	Tables []canonical.TableName
+}
+
+func (e *ReplicaIdentityError) Error() string {
+	return fmt.Sprintf("siphon: %s %s no usable replica identity (no primary key, no REPLICA IDENTITY FULL or USING INDEX): "+
+		"publishing their updates would make the application's UPDATE and DELETE on them fail; give them a primary key, "+
+		"or choose with WithKeylessTables: KeylessFull (siphon sets REPLICA IDENTITY FULL), KeylessInsertsOnly, or KeylessSkip",
+		tableList(e.Tables), pluralHas(len(e.Tables)))
+}
+
+func pluralHas(n int) string {
+	if n == 1 {
+		return "has"
+	}
+	return "have"
+}
+
+// userTable is a table the publication may hold: a table or partitioned
+// table (not a partition: its parent carries it), with whether updates
+// and deletes of every one of its leaves can name their rows.
+type userTable struct {
+	name   canonical.TableName
+	usable bool
+}
+
+// userTablesQuery lists the tables of $1 (schemas) and $2 (names), or
+// every user table when both are empty: ordinary and partitioned tables
+// (not partitions, unless named: a partitioned table carries its own), not
+// temporary or unlogged, not of an extension and not in siphon's schema,
+// with whether every leaf has a usable replica identity.
+const userTablesQuery = `
+SELECT n.nspname, c.relname, NOT EXISTS (
+         SELECT FROM pg_partition_tree(c.oid) t JOIN pg_class l ON l.oid = t.relid
+         WHERE t.isleaf AND NOT CASE l.relreplident
+           WHEN 'f' THEN true
+           WHEN 'i' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
+           WHEN 'd' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
+           ELSE false END)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p'
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_%'
+  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
+  AND CASE WHEN cardinality($1::text[]) = 0 THEN NOT c.relispartition
+           ELSE (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[])) END
+ORDER BY 1, 2`
+
+// readUserTables reads the tables the publication may hold: those named
+// by WithTables, or every user table.
+func (c *Conn) readUserTables(ctx context.Context, q querier) ([]userTable, error) {
+	schemas, names := nameArrays(c.tables)
+	rows, err := q.Query(ctx, userTablesQuery, schemas, names)
+	if err != nil {
+		return nil, fmt.Errorf("list tables: %w", err)
+	}
+	tables, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (userTable, error) {
+		var t userTable
+		return t, r.Scan(&t.name.Schema, &t.name.Name, &t.usable)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list tables: %w", err)
+	}
+	return tables, nil
+}
+
+// publicationPlan is which tables go where.
+type publicationPlan struct {
+	main    []canonical.TableName // publishing every kind of change
+	inserts []canonical.TableName // KeylessInsertsOnly tables
+	full    []canonical.TableName // KeylessFull tables, to set REPLICA IDENTITY FULL on
+	skipped []canonical.TableName // KeylessSkip tables
+}
+
+// plan sorts tables by the keyless policy.
+func (c *Conn) plan(tables []userTable) (publicationPlan, error) {
+	var p publicationPlan
+	var keyless []canonical.TableName
+	for _, t := range tables {
+		if t.usable {
+			p.main = append(p.main, t.name)
+		} else {
+			keyless = append(keyless, t.name)
+		}
+	}
+	if len(keyless) == 0 {
+		return p, nil
+	}
+	if len(c.tables) > 0 && !c.opts.keylessChosen {
+		return p, &ReplicaIdentityError{Tables: keyless}
+	}
+	switch c.opts.keyless {
+	case KeylessInsertsOnly:
+		p.inserts = keyless
+	case KeylessFull:
+		p.full, p.main = keyless, append(p.main, keyless...)
+	default:
+		p.skipped = keyless
+	}
+	return p, nil
+}
+
+// ensurePublication creates the publication when it is missing (see the
+// top of this file), and otherwise checks that it matches the options and
+// the tables (see checkPublication).
 func (c *Conn) ensurePublication(ctx context.Context) error {
 	found, err := c.checkPublication(ctx)
 	if err != nil || found {
 		return err
 	}
-	if _, err := c.pool.Exec(ctx, c.createPublicationSQL()); err != nil {
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.createPublication(ctx, tx) })
+	if err != nil {
 		if isCode(err, codeDuplicateObject, codeUniqueViolation) { // created meanwhile
 			_, err := c.checkPublication(ctx)
 			return err
 		}
+		var identity *ReplicaIdentityError
+		if errors.As(err, &identity) {
+			return err
+		}
 		hint := ""
 		if isCode(err, codeInsufficientPriv) {
-			hint = ": create it as a superuser (FOR ALL TABLES needs one), or name tables you own with WithTables"
+			hint = ": the role must own the tables (or be a superuser), and have CREATE on the database"
 		}
 		return fmt.Errorf("siphon: create publication %q%s: %w", c.opts.publication, hint, err)
 	}
-	scope := "all"
-	if len(c.tables) > 0 {
-		scope = tableList(c.tables)
-	}
-	c.log.Info("publication created", "publication", c.opts.publication, "tables", scope)
 	return nil
 }
 
-func (c *Conn) createPublicationSQL() string {
-	stmt := "CREATE PUBLICATION " + quoteIdent(c.opts.publication)
-	if len(c.tables) == 0 {
-		return stmt + " FOR ALL TABLES"
+// createPublication creates the publication (and the inserts-only one)
+// for the tables of today, in tx.
+func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx) error {
+	tables, err := c.readUserTables(ctx, tx)
+	if err != nil {
+		return err
 	}
-	return stmt + " FOR TABLE " + tableList(c.tables)
+	if err := c.checkNamedTablesExist(tables); err != nil {
+		return err
+	}
+	p, err := c.plan(tables)
+	if err != nil {
+		return err
+	}
+	if err := setReplicaIdentityFull(ctx, tx, p.full); err != nil {
+		return err
+	}
+	stmt := "CREATE PUBLICATION " + quoteIdent(c.opts.publication)
+	if len(p.main) > 0 {
+		stmt += " FOR TABLE " + tableList(p.main)
+	}
+	if _, err := tx.Exec(ctx, stmt); err != nil {
+		return err
+	}
+	if c.opts.keyless == KeylessInsertsOnly {
+		stmt := "CREATE PUBLICATION " + quoteIdent(c.opts.publication+insertsSuffix)
+		if len(p.inserts) > 0 {
+			stmt += " FOR TABLE " + tableList(p.inserts)
+		}
+		if _, err := tx.Exec(ctx, stmt+" WITH (publish = 'insert, truncate')"); err != nil {
+			return err
+		}
+	}
+	c.log.Info("publication created", "publication", c.opts.publication, "tables", len(p.main), "inserts_only", tableList(p.inserts))
+	if len(p.skipped) > 0 {
+		c.log.Warn("tables without a usable replica identity are not captured (see WithKeylessTables)",
+			"publication", c.opts.publication, "tables", tableList(p.skipped))
+	}
+	return nil
 }
 
-// PublicationMismatchError reports a publication that exists but does not
-// publish what siphon was configured for.
-type PublicationMismatchError struct {
-	Publication string
-	Problem     string // what differs
+// checkNamedTablesExist reports a table named by WithTables that is not
+// among tables.
+func (c *Conn) checkNamedTablesExist(tables []userTable) error {
+	for _, name := range c.tables {
+		if !slices.ContainsFunc(tables, func(t userTable) bool { return t.name == name }) {
+			return &SchemaIncompatibleError{Table: name, Problem: missingTableProblem}
+		}
+	}
+	return nil
 }
 
-func (e *PublicationMismatchError) Error() string {
-	return fmt.Sprintf("siphon: publication %q %s: siphon does not change an existing publication;"+
-		" adjust it with ALTER PUBLICATION, drop it, or name another with WithPublication", e.Publication, e.Problem)
+// missingTableProblem is how a table named by WithTables that does not
+// exist is reported, wherever it is found.
+const missingTableProblem = "the table named by WithTables does not exist (or is temporary or unlogged): create it, or name another"
+
+// setReplicaIdentityFull sets REPLICA IDENTITY FULL on tables and, for a
+// partitioned table, on its leaves that have no usable identity.
+func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.TableName) error {
+	for _, t := range tables {
+		rows, err := q.Query(ctx, `SELECT t.relid::regclass::text FROM pg_partition_tree($1::regclass) t
+			JOIN pg_class l ON l.oid = t.relid WHERE l.relreplident <> 'f'`, quoteTable(t))
+		if err != nil {
+			return fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
+		}
+		rels, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
+		}
+		for _, rel := range rels {
+			if _, err := q.Exec(ctx, "ALTER TABLE "+rel+" REPLICA IDENTITY FULL"); err != nil {
+				return fmt.Errorf("set REPLICA IDENTITY FULL on %s (KeylessFull; the role must own it): %w", rel, err)
+			}
+		}
+	}
+	return nil
 }
 
-// checkPublication reports whether the publication exists, and an error
-// when it exists but differs from the configuration.
-func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
-	var all, ins, upd, del, trunc bool
-	var schemas, names []string
-	err := c.pool.QueryRow(ctx, `
-		SELECT p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
+// publicationState is what the publications hold.
+type publicationState struct {
+	exists, allTables, inserts bool // the main publication; FOR ALL TABLES; the inserts-only one
+	flags                      [4]bool
+	main, insertsOnly          []canonical.TableName
+}
+
+// readPublications reads the publication and its inserts-only companion.
+func (c *Conn) readPublications(ctx context.Context, q querier) (publicationState, error) {
+	var s publicationState
+	rows, err := q.Query(ctx, `
+		SELECT p.pubname = $1, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
 		       coalesce((SELECT array_agg(n.nspname::text ORDER BY n.nspname, c.relname) FROM pg_publication_rel r
 		                 JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		                 WHERE r.prpubid = p.oid), '{}'),
 		       coalesce((SELECT array_agg(c.relname::text ORDER BY n.nspname, c.relname) FROM pg_publication_rel r
 		                 JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		                 WHERE r.prpubid = p.oid), '{}')
-		FROM pg_publication p WHERE p.pubname = $1`, c.opts.publication).
-		Scan(&all, &ins, &upd, &del, &trunc, &schemas, &names)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		FROM pg_publication p WHERE p.pubname IN ($1, $2)`, c.opts.publication, c.opts.publication+insertsSuffix)
+	if err != nil {
+		return s, fmt.Errorf("siphon: look up publication %q: %w", c.opts.publication, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var isMain, all bool
+		var flags [4]bool
+		var schemas, names []string
+		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &schemas, &names); err != nil {
+			return s, fmt.Errorf("siphon: look up publication %q: %w", c.opts.publication, err)
+		}
+		tables := make([]canonical.TableName, len(names))
+		for i := range names {
+			tables[i] = canonical.TableName{Schema: schemas[i], Name: names[i]}
+		}
+		if isMain {
+			s.exists, s.allTables, s.flags, s.main = true, all, flags, tables
+		} else {
+			s.inserts, s.insertsOnly = true, tables
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return s, fmt.Errorf("siphon: look up publication %q: %w", c.opts.publication, err)
+	}
+	return s, nil
+}
+
+// publicationNames lists the publications a stream reads, for pgoutput's
+// publication_names.
+func (c *Conn) publicationNames(ctx context.Context) (string, error) {
+	s, err := c.readPublications(ctx, c.pool)
+	if err != nil {
+		return "", err
+	}
+	if s.inserts {
+		return c.opts.publication + "," + c.opts.publication + insertsSuffix, nil
+	}
+	return c.opts.publication, nil
+}
+
+// checkPublication reports whether the publication exists, and an error
+// when it exists but differs from the options, or the tables drifted from
+// it: a table siphon would publish is missing (created after it), or a
+// published table lost its usable replica identity.
+func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
+	s, err := c.readPublications(ctx, c.pool)
+	if err != nil || !s.exists {
+		return false, err
+	}
+	mismatch := &PublicationMismatchError{Publication: c.opts.publication}
+	switch {
+	case s.flags != [4]bool{true, true, true, true}:
+		mismatch.Problem = "does not publish every kind of change (insert, update, delete, truncate)"
+	case len(c.tables) > 0 && s.allTables:
+		mismatch.Problem = "publishes all tables, but WithTables names " + tableList(c.tables)
+	case c.opts.keyless == KeylessInsertsOnly && !s.inserts:
+		mismatch.Problem = fmt.Sprintf("has no companion %q for the inserts of tables without a usable replica identity, which KeylessInsertsOnly needs", c.opts.publication+insertsSuffix)
+	case s.allTables:
+		return true, nil // made by an older siphon; Preflight reports the risk
+	}
+	if mismatch.Problem != "" {
+		return true, mismatch
+	}
+	tables, err := c.readUserTables(ctx, c.pool)
+	if err != nil {
+		return true, fmt.Errorf("siphon: check publication %q: %w", c.opts.publication, err)
+	}
+	if err := c.checkNamedTablesExist(tables); err != nil {
+		return true, err
+	}
+	published := append(slices.Clone(s.main), s.insertsOnly...)
+	if len(c.tables) > 0 && !sameTables(published, c.tables) {
+		mismatch.Problem = "publishes " + tableList(published) + ", but WithTables names " + tableList(c.tables)
+		return true, mismatch
+	}
+	for _, t := range tables {
+		switch {
+		case !t.usable && slices.Contains(s.main, t.name) && c.opts.keyless != KeylessFull:
+			mismatch.Unsafe = append(mismatch.Unsafe, t.name)
+		case !slices.Contains(published, t.name) && (t.usable || c.opts.keyless != KeylessSkip):
+			mismatch.Missing = append(mismatch.Missing, t.name)
+		}
+	}
+	if len(mismatch.Missing)+len(mismatch.Unsafe) == 0 {
+		return true, nil
+	}
+	var problems []string
+	if len(mismatch.Missing) > 0 {
+		problems = append(problems, "does not hold "+tableList(mismatch.Missing)+", created after it: their changes are not captured")
+	}
+	if len(mismatch.Unsafe) > 0 {
+		problems = append(problems, "publishes the updates of "+tableList(mismatch.Unsafe)+
+			", which lost their usable replica identity: the application's UPDATE and DELETE on them fail")
+	}
+	mismatch.Problem = strings.Join(problems, ", and ")
+	mismatch.Fix = "run SyncPublication to bring the publication in line (then copy the rows of the tables it adds: a snapshot of them)"
+	return true, mismatch
+}
+
+// SyncPublication brings siphon's publication in line with the tables of
+// today: it adds the tables created since it was made (when it publishes
+// every table), and moves tables that lost their usable replica identity
+// as [WithKeylessTables] says. It returns the tables it added: their
+// changes before now were not captured, so copy their rows (a
+// [Snapshot] of them, with [Snapshot.CopyTables]) before applying what
+// streams after. A publication of [WithTables] tables is left as it is:
+// adjust it with ALTER PUBLICATION.
+func (c *Conn) SyncPublication(ctx context.Context) ([]canonical.TableName, error) {
+	if len(c.tables) > 0 {
+		return nil, fmt.Errorf("siphon: sync publication %q: it holds the WithTables tables, which SyncPublication leaves as they are: adjust it with ALTER PUBLICATION", c.opts.publication)
+	}
+	var added []canonical.TableName
+	err := c.ensurePublication(ctx)
+	var mismatch *PublicationMismatchError
+	if errors.As(err, &mismatch) && mismatch.Fix != "" { // drift: what SyncPublication is for
+		err = nil
+	}
+	if err == nil {
+		err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+			added, err = c.syncPublication(ctx, tx)
+			return err
+		})
 	}
 	if err != nil {
-		return false, fmt.Errorf("siphon: look up publication %q: %w", c.opts.publication, err)
+		return nil, fmt.Errorf("siphon: sync publication %q: %w", c.opts.publication, err)
 	}
-	mismatch := func(problem string) (bool, error) {
-		return true, &PublicationMismatchError{Publication: c.opts.publication, Problem: problem}
+	if len(added) > 0 {
+		c.log.Info("tables added to the publication", "publication", c.opts.publication, "tables", tableList(added))
 	}
-	if !(ins && upd && del && trunc) {
-		return mismatch("does not publish every kind of change (insert, update, delete, truncate)")
+	return added, nil
+}
+
+// syncPublication makes the publications hold what plan says of the tables
+// of today, in tx, and returns the tables it added.
+func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.TableName, error) {
+	s, err := c.readPublications(ctx, tx)
+	if err != nil || s.allTables {
+		return nil, err
 	}
-	switch {
-	case len(c.tables) == 0 && !all:
-		return mismatch("publishes only some tables, but siphon was not limited with WithTables")
-	case len(c.tables) > 0 && all:
-		return mismatch("publishes all tables, but WithTables names " + tableList(c.tables))
-	case len(c.tables) > 0:
-		have := make([]canonical.TableName, len(names))
-		for i := range names {
-			have[i] = canonical.TableName{Schema: schemas[i], Name: names[i]}
+	tables, err := c.readUserTables(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.plan(tables)
+	if err != nil {
+		return nil, err
+	}
+	if err := setReplicaIdentityFull(ctx, tx, p.full); err != nil {
+		return nil, err
+	}
+	var added []canonical.TableName
+	alter := func(pub, verb string, ts []canonical.TableName) error {
+		if len(ts) == 0 {
+			return nil
 		}
-		if !sameTables(have, c.tables) {
-			return mismatch("publishes " + tableList(have) + ", but WithTables names " + tableList(c.tables))
+		_, err := tx.Exec(ctx, "ALTER PUBLICATION "+quoteIdent(pub)+" "+verb+" TABLE "+tableList(ts))
+		return err
+	}
+	missing := func(want, have []canonical.TableName) []canonical.TableName {
+		return slices.DeleteFunc(slices.Clone(want), func(t canonical.TableName) bool { return slices.Contains(have, t) })
+	}
+	addMain, addInserts := missing(p.main, s.main), missing(p.inserts, s.insertsOnly)
+	unsafe := slices.DeleteFunc(slices.Clone(s.main), func(t canonical.TableName) bool { return slices.Contains(p.main, t) })
+	insertsGone := slices.DeleteFunc(slices.Clone(s.insertsOnly), func(t canonical.TableName) bool { return !slices.Contains(p.main, t) })
+	for _, step := range []struct {
+		pub, verb string
+		tables    []canonical.TableName
+	}{
+		{c.opts.publication, "DROP", unsafe},
+		{c.opts.publication + insertsSuffix, "DROP", insertsGone},
+		{c.opts.publication, "ADD", addMain},
+		{c.opts.publication + insertsSuffix, "ADD", addInserts},
+	} {
+		if err := alter(step.pub, step.verb, step.tables); err != nil {
+			return nil, err
 		}
 	}
-	return true, nil
+	for _, t := range append(addMain, addInserts...) {
+		if !slices.Contains(s.insertsOnly, t) && !slices.Contains(s.main, t) {
+			added = append(added, t)
+		}
+	}
+	return added, nil
 }
 
 func sameTables(a, b []canonical.TableName) bool {

@@ -25,6 +25,7 @@ func TestEnsureSlotCreatesPublicationThenSlot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
+	execSQL(t, admin, `CREATE TABLE t1 (id int PRIMARY KEY)`, `CREATE TABLE t2 (id int PRIMARY KEY)`)
 	logs := &logRecorder{}
 	c := connect(t, dsn, siphon.WithSlot("first_slot"), siphon.WithPublication("first_pub"), siphon.WithLogger(logs.logger()))
 
@@ -35,7 +36,8 @@ func TestEnsureSlotCreatesPublicationThenSlot(t *testing.T) {
 
 	var allTables bool
 	require.NoError(t, admin.QueryRow(ctx, "SELECT puballtables FROM pg_publication WHERE pubname = 'first_pub'").Scan(&allTables))
-	assert.True(t, allTables, "publication FOR ALL TABLES by default")
+	assert.False(t, allTables, "never FOR ALL TABLES: a table created later must not start publishing updates by itself")
+	assert.Equal(t, []string{"public.t1", "public.t2"}, publishedTables(t, admin, "first_pub"), "every table of today")
 	var typ, plugin, confirmed string
 	var temporary bool
 	require.NoError(t, admin.QueryRow(ctx, `SELECT slot_type, plugin, temporary, confirmed_flush_lsn::text
@@ -62,27 +64,32 @@ func TestEnsurePublicationNeverChangesAnExistingOne(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, `CREATE TABLE a (id int PRIMARY KEY)`, `CREATE TABLE "B" (id int PRIMARY KEY)`,
-		`CREATE PUBLICATION inserts_only FOR ALL TABLES WITH (publish = 'insert')`)
+		`CREATE PUBLICATION inserts_only FOR ALL TABLES WITH (publish = 'insert')`,
+		`CREATE PUBLICATION legacy_all FOR ALL TABLES`)
 
 	two := connect(t, dsn, siphon.WithPublication("pub_tables"), siphon.WithTables("a", `"B"`))
 	require.NoError(t, two.EnsurePublicationForTest(ctx))
 	assert.Equal(t, []string{"public.B", "public.a"}, publishedTables(t, admin, "pub_tables"))
 	require.NoError(t, two.EnsurePublicationForTest(ctx), "the same set again is fine")
+	one := connect(t, dsn, siphon.WithPublication("pub_a"), siphon.WithTables("a"))
+	require.NoError(t, one.EnsurePublicationForTest(ctx))
 
 	all := connect(t, dsn, siphon.WithPublication("pub_all"))
 	require.NoError(t, all.EnsurePublicationForTest(ctx))
+	every := connect(t, dsn, siphon.WithPublication("pub_tables"))
+	require.NoError(t, every.EnsurePublicationForTest(ctx), "a publication of every table of today is one of every table")
 
 	for _, tc := range []struct {
-		name, problem string
-		opts          []siphon.Option
+		name, problem, fix string
+		opts               []siphon.Option
 	}{
-		{"fewer tables", `publishes "public"."B", "public"."a", but WithTables names "public"."a"`,
+		{"fewer tables", `publishes "public"."B", "public"."a", but WithTables names "public"."a"`, "ALTER PUBLICATION",
 			[]siphon.Option{siphon.WithPublication("pub_tables"), siphon.WithTables("a")}},
-		{"tables, not all", "publishes only some tables",
-			[]siphon.Option{siphon.WithPublication("pub_tables")}},
-		{"all, not tables", `publishes all tables, but WithTables names "public"."a"`,
-			[]siphon.Option{siphon.WithPublication("pub_all"), siphon.WithTables("a")}},
-		{"inserts only", "does not publish every kind of change",
+		{"some tables, not all", `does not hold "public"."B", created after it`, "SyncPublication",
+			[]siphon.Option{siphon.WithPublication("pub_a")}},
+		{"all, not tables", `publishes all tables, but WithTables names "public"."a"`, "ALTER PUBLICATION",
+			[]siphon.Option{siphon.WithPublication("legacy_all"), siphon.WithTables("a")}},
+		{"inserts only", "does not publish every kind of change", "ALTER PUBLICATION",
 			[]siphon.Option{siphon.WithPublication("inserts_only")}},
 	} {
 		c := connect(t, dsn, append(tc.opts, siphon.WithSlot("never_made"))...)
@@ -90,16 +97,17 @@ func TestEnsurePublicationNeverChangesAnExistingOne(t *testing.T) {
 		var mismatch *siphon.PublicationMismatchError
 		require.ErrorAs(t, err, &mismatch, tc.name)
 		assert.Contains(t, mismatch.Problem, tc.problem, tc.name)
-		assert.Contains(t, err.Error(), "ALTER PUBLICATION", "%s: says what to do", tc.name)
+		assert.Contains(t, err.Error(), tc.fix, "%s: says what to do", tc.name)
 		require.NoError(t, c.Close())
 	}
 	assert.Equal(t, []string{"public.B", "public.a"}, publishedTables(t, admin, "pub_tables"), "left as it was")
+	assert.Equal(t, []string{"public.a"}, publishedTables(t, admin, "pub_a"), "left as it was")
 
-	missing := connect(t, dsn, siphon.WithPublication("pub_missing"), siphon.WithTables("public.nope"))
-	err := missing.EnsurePublicationForTest(ctx)
-	assert.ErrorContains(t, err, `create publication "pub_missing"`)
+	_, err := siphon.Connect(ctx, dsn, siphon.WithPublication("pub_missing"), siphon.WithTables("public.nope"))
+	var preflight *siphon.PreflightError
+	assert.ErrorAs(t, err, &preflight, "a missing table is found before any publication is made")
 
-	closeAll(t, two, all, missing)
+	closeAll(t, two, one, all, every)
 	assertNoLeaks(t, dsn) // no slot was made for a mismatched publication
 }
 

@@ -35,7 +35,7 @@ type Snapshot struct {
 // slot exists before the snapshot is taken, streaming from the Snapshot's
 // Position loses nothing. The caller must Close the Snapshot.
 func (c *Conn) TakeSnapshot(ctx context.Context) (*Snapshot, error) {
-	slot, err := c.createSnapshotSlot(ctx)
+	slot, err := c.createSnapshotSlot(ctx, true)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +274,8 @@ func (c *Conn) publishedSchema(ctx context.Context) (*canonical.Schema, error) {
 		return nil, err
 	}
 	const op = "siphon: list published tables"
-	rows, err := c.pool.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1", c.opts.publication)
+	rows, err := c.pool.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname IN ($1, $2)",
+		c.opts.publication, c.opts.publication+insertsSuffix)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}

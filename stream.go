@@ -97,7 +97,12 @@ func (e *ResumeGapError) Error() string {
 // nothing was published in between (see [WithHeartbeat]).
 //
 // StreamChanges runs until ctx is cancelled, which is the normal stop: it
-// then returns the Position to resume from and nil. That Position is the end
+// then returns the Position to resume from and nil. A ctx that reaches its
+// deadline returns that Position too, with an error wrapping
+// [context.DeadlineExceeded]: a deadline is not a stop the caller asked
+// for in so many words. One Conn streams its slot once at a time: a second
+// StreamChanges (or BackupIncremental) while one runs returns
+// [ErrAlreadyStreaming] at once. That Position is the end
 // of the last transaction whose OpCommit emit returned nil (from itself, or
 // the slot's position for a zero from, when there was none): what a
 // consumer records, although a heartbeat may have moved the slot past it.
@@ -114,10 +119,38 @@ func (e *ResumeGapError) Error() string {
 // decoded changes at most wait for emit.
 func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
 	if emit == nil {
-		return from, errors.New("siphon: stream changes: emit is nil")
+		return from, fmt.Errorf("siphon: stream changes: emit: %w", ErrNilCallback)
 	}
+	release, err := c.claimStream()
+	if err != nil {
+		return from, fmt.Errorf("siphon: stream changes: %w", err)
+	}
+	defer release()
 	res, err := c.stream(ctx, streamConfig{from: from}, emit)
+	if err == nil {
+		err = stopReason(ctx, res.resume)
+	}
 	return res.resume, err
+}
+
+// claimStream marks the Conn as streaming its slot, or returns
+// ErrAlreadyStreaming; release unmarks it.
+func (c *Conn) claimStream() (release func(), err error) {
+	if !c.streaming.CompareAndSwap(false, true) {
+		return nil, ErrAlreadyStreaming
+	}
+	return func() { c.streaming.Store(false) }, nil
+}
+
+// stopReason tells how a stream that ended without an error ended: a
+// cancelled ctx is the normal stop (nil); a ctx past its deadline is an
+// error wrapping context.DeadlineExceeded, so that a stop the caller did
+// not ask for shows.
+func stopReason(ctx context.Context, resume canonical.Position) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("siphon: stream changes: stopped at ctx's deadline (resume from %v): %w", resume, context.DeadlineExceeded)
+	}
+	return nil
 }
 
 // CurrentPosition makes sure the publication and then the persistent slot
@@ -250,9 +283,9 @@ func (c *Conn) checkSlot(ctx context.Context, from canonical.Position) (replSlot
 		case s.active:
 			return s, fmt.Errorf("slot %q: %w", c.opts.slot, ErrSlotInUse)
 		}
-		var pub bool
-		if err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)", c.opts.publication).Scan(&pub); err != nil {
-			return s, fmt.Errorf("look up publication %q: %w", c.opts.publication, err)
+		pub, err := c.checkPublication(ctx)
+		if err != nil {
+			return s, err
 		}
 		if !pub {
 			return s, fmt.Errorf("publication %q does not exist but slot %q does: create the publication, then take a new snapshot (changes made before a publication exists cannot be streamed)", c.opts.publication, c.opts.slot)
@@ -313,6 +346,9 @@ func (c *Conn) senderTimeout(ctx context.Context) (time.Duration, error) {
 // reached, or an error stops it.
 func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical.Change) error) (streamResult, error) {
 	res := streamResult{resume: cfg.from}
+	if err := c.checkWALLevel(); err != nil {
+		return res, err
+	}
 	slot, err := c.checkSlot(ctx, cfg.from)
 	if err != nil {
 		return setupFailed(ctx, res, err, cfg.from)
@@ -355,8 +391,12 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 			return res, err
 		}
 	}
+	publications, err := c.publicationNames(ctx)
+	if err != nil {
+		return setupFailed(ctx, res, err, res.resume)
+	}
 	err = pglogrepl.StartReplication(ctx, conn, c.opts.slot, pglogrepl.LSN(cfg.from), pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + c.opts.publication + "'", "messages 'true'"},
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + publications + "'", "messages 'true'"},
 	})
 	if err != nil {
 		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.resume)
@@ -599,6 +639,9 @@ func setupFailed(ctx context.Context, res streamResult, err error, pos canonical
 // a replication=database session with siphon's session settings (which the
 // walsender's output functions use too), on a coalescingConn.
 func (c *Conn) openStreamSession(ctx context.Context) (*pgconn.PgConn, *coalescingConn, error) {
+	if c.pool.closed.Load() {
+		return nil, nil, ErrClosed
+	}
 	config := c.config.Config.Copy()
 	config.RuntimeParams["replication"] = "database"
 	dial := config.DialFunc

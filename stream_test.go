@@ -567,7 +567,14 @@ func TestStreamSlotInUse(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 
 	_, err := c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
-	assert.ErrorIs(t, err, siphon.ErrSlotInUse)
+	assert.ErrorIs(t, err, siphon.ErrAlreadyStreaming, "the same Conn says so at once")
+	_, err = c.BackupIncremental(ctx, start, io.Discard)
+	assert.ErrorIs(t, err, siphon.ErrAlreadyStreaming, "an incremental reads the slot too")
+	other, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot))
+	require.NoError(t, err)
+	_, err = other.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
+	assert.ErrorIs(t, err, siphon.ErrSlotInUse, "another Conn finds the slot active")
+	require.NoError(t, other.Close())
 	stop()
 	require.NoError(t, <-done)
 	require.NoError(t, c.Close())
@@ -626,7 +633,9 @@ func TestStreamSlowEmitKeepsTheSession(t *testing.T) {
 	idle, cancelIdle := context.WithTimeout(ctx, 5*time.Second)
 	defer cancelIdle()
 	_, err = c.StreamChanges(idle, 0, func(canonical.Change) error { return nil })
-	require.NoError(t, err, "an idle stream outlives wal_sender_timeout")
+	require.ErrorIs(t, err, context.DeadlineExceeded, "an idle stream outlives wal_sender_timeout: it ends at ctx's deadline, and says so")
+	var intr *siphon.StreamInterruptedError
+	assert.False(t, errors.As(err, &intr), "not an interruption")
 
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)

@@ -284,7 +284,7 @@ func (o *orchestrator) runChain(ctx context.Context) (*chain, error) {
 func (o *orchestrator) base(ctx context.Context, ch *chain) error {
 	path := filepath.Join(ch.dir, "base.siphon")
 	n, err := writeFile(path, func(w io.Writer) error {
-		return o.c.Backup(ctx, siphon.BackupOptions{BaseSlot: true}, w)
+		return o.c.Backup(ctx, siphon.BackupOptions{StartChain: true, BaseSlot: true}, w)
 	})
 	if err != nil {
 		return fmt.Errorf("base backup: %w", err)

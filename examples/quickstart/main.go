@@ -124,7 +124,7 @@ func (t *tour) writes(round int) func(context.Context) error {
 
 func (t *tour) backup(ctx context.Context) error {
 	began := time.Now()
-	if err := t.backups.Backup(ctx, siphon.BackupOptions{Schemas: []string{"siphon_quickstart"}}, &t.backupFile); err != nil {
+	if err := t.backups.Backup(ctx, siphon.BackupOptions{Schemas: []string{"siphon_quickstart"}, StartChain: true}, &t.backupFile); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	report, err := t.backups.Verify(ctx, bytes.NewReader(t.backupFile.Bytes()))

@@ -1,0 +1,490 @@
+package siphon
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/pgdump"
+)
+
+// CheckName names a check of [Conn.Preflight] (and of the checks Connect
+// makes itself).
+type CheckName string
+
+// The checks.
+const (
+	CheckWALLevel        CheckName = "wal_level"
+	CheckEncoding        CheckName = "encoding"
+	CheckTables          CheckName = "tables"
+	CheckReplicationRole CheckName = "replication privilege"
+	CheckSlots           CheckName = "replication slots"
+	CheckWALSenders      CheckName = "WAL senders"
+	CheckSlotWALLimit    CheckName = "max_slot_wal_keep_size"
+	CheckPublication     CheckName = "publication"
+	CheckReplicaIdentity CheckName = "replica identity"
+	CheckSlot            CheckName = "slot"
+	CheckPgDump          CheckName = "pg_dump"
+	CheckPgRestore       CheckName = "pg_restore"
+	CheckOrigins         CheckName = "replication origins"
+	CheckApplyRole       CheckName = "session_replication_role"
+	CheckRelease         CheckName = "release"
+)
+
+// CheckStatus says how a check came out.
+type CheckStatus string
+
+// The statuses of a check.
+const (
+	// CheckOK: siphon can do what the check is about.
+	CheckOK CheckStatus = "ok"
+	// CheckWarning: it can, with a limit or a risk the check describes.
+	CheckWarning CheckStatus = "warning"
+	// CheckFailed: it cannot until the fix is applied.
+	CheckFailed CheckStatus = "failed"
+)
+
+// Check is one thing [Conn.Preflight] looked at.
+type Check struct {
+	Name   CheckName
+	Status CheckStatus
+	// Found says what the server has, for example "wal_level is replica".
+	Found string
+	// Needed says what needs it, for example "streaming, snapshots and
+	// aligned backups".
+	Needed string
+	// Fix says exactly what to change; empty when Status is CheckOK.
+	Fix string
+}
+
+func (c Check) String() string {
+	s := fmt.Sprintf("%-8s %s: %s", c.Status, c.Name, c.Found)
+	if c.Needed != "" {
+		s += " (for " + c.Needed + ")"
+	}
+	if c.Fix != "" {
+		s += "; fix: " + c.Fix
+	}
+	return s
+}
+
+// PreflightError is what Connect and the first operation that needs it
+// return when a check fails that nothing can work without: the database's
+// encoding, wal_level for a source, a table WithTables names. Check says
+// what and how to fix it.
+type PreflightError struct {
+	Check Check
+}
+
+func (e *PreflightError) Error() string {
+	return fmt.Sprintf("siphon: %s: %s: %s", e.Check.Name, e.Check.Found, e.Check.Fix)
+}
+
+// PreflightReport says what siphon can and cannot do on a server, check by
+// check, each failed or risky one with its fix.
+type PreflightReport struct {
+	// ServerVersion is the server's version, for example "15.18".
+	ServerVersion string
+	Checks        []Check
+}
+
+// Failed returns the checks that failed.
+func (r *PreflightReport) Failed() []Check { return r.with(CheckFailed) }
+
+// Warnings returns the checks that passed with a limit or a risk.
+func (r *PreflightReport) Warnings() []Check { return r.with(CheckWarning) }
+
+func (r *PreflightReport) with(status CheckStatus) []Check {
+	var out []Check
+	for _, c := range r.Checks {
+		if c.Status == status {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Check returns the named check, if the report has it.
+func (r *PreflightReport) Check(name CheckName) (Check, bool) {
+	for _, c := range r.Checks {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Check{}, false
+}
+
+// String lists the checks, one a line.
+func (r *PreflightReport) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "PostgreSQL %s\n", r.ServerVersion)
+	for _, c := range r.Checks {
+		b.WriteString(c.String())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// serverFacts are what Connect reads in one round trip.
+type serverFacts struct {
+	versionNum int
+	version    string
+	encoding   string
+	walLevel   string
+	missing    []string // WithTables tables that do not exist
+}
+
+// readServerFacts reads the server's version, encoding and wal_level, and
+// which WithTables tables do not exist.
+func (c *Conn) readServerFacts(ctx context.Context) (serverFacts, error) {
+	var f serverFacts
+	schemas, names := nameArrays(c.tables)
+	err := c.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('server_version'),
+		current_setting('server_encoding'), current_setting('wal_level'),
+		coalesce((SELECT array_agg(format('%I.%I', u.s, u.n)) FROM unnest($1::text[], $2::text[]) AS u(s, n)
+		          WHERE to_regclass(format('%I.%I', u.s, u.n)) IS NULL), '{}')`, schemas, names).
+		Scan(&f.versionNum, &f.version, &f.encoding, &f.walLevel, &f.missing)
+	return f, err
+}
+
+// encodingCheck is the check of the database's encoding.
+func (f serverFacts) encodingCheck() Check {
+	ch := Check{Name: CheckEncoding, Status: CheckOK, Found: "the database is " + f.encoding,
+		Needed: "everything: canonical values are UTF-8 text"}
+	if f.encoding != "UTF8" {
+		ch.Status = CheckFailed
+		ch.Fix = "create the database WITH ENCODING 'UTF8' (pg_dump, then restore into it)"
+	}
+	return ch
+}
+
+// walLevelCheck is the check of wal_level.
+func (f serverFacts) walLevelCheck() Check {
+	ch := Check{Name: CheckWALLevel, Status: CheckOK, Found: "wal_level is " + f.walLevel,
+		Needed: "reading changes: streaming, snapshots, incremental and aligned full backups"}
+	if f.walLevel != "logical" {
+		ch.Status = CheckFailed
+		ch.Fix = "run ALTER SYSTEM SET wal_level = logical and restart the server (a Conn that only applies into this database does not need it)"
+	}
+	return ch
+}
+
+// tablesCheck is the check that the WithTables tables exist.
+func (f serverFacts) tablesCheck() Check {
+	ch := Check{Name: CheckTables, Status: CheckOK, Found: "the tables WithTables names exist", Needed: "capturing them"}
+	if len(f.missing) > 0 {
+		ch.Status = CheckFailed
+		ch.Found = "WithTables names tables that do not exist: " + strings.Join(f.missing, ", ")
+		ch.Fix = "create them, or leave them out of WithTables"
+	}
+	return ch
+}
+
+// checkConnect makes the checks Connect fails fast on: the encoding, the
+// WithTables tables, and, for a Conn given a source option, wal_level
+// (otherwise the first operation that reads changes reports it).
+func (c *Conn) checkConnect(ctx context.Context) error {
+	f, err := c.readServerFacts(ctx)
+	if err != nil {
+		return fmt.Errorf("siphon: connect: %w", err)
+	}
+	c.walLevel = f.walLevelCheck()
+	checks := []Check{f.encodingCheck(), f.tablesCheck()}
+	if c.opts.source {
+		checks = append(checks, c.walLevel)
+	}
+	for _, ch := range checks {
+		if ch.Status == CheckFailed {
+			return &PreflightError{Check: ch}
+		}
+	}
+	return nil
+}
+
+// checkWALLevel returns the *PreflightError of a server whose wal_level is
+// not logical, for the operations that read changes.
+func (c *Conn) checkWALLevel() error {
+	if c.walLevel.Status == CheckFailed {
+		return &PreflightError{Check: c.walLevel}
+	}
+	return nil
+}
+
+// Preflight reports what siphon can and cannot do with this Conn's server
+// and database, as a source (reading changes, snapshots, backups) and as a
+// target (applying them), each check with what needs it and the exact fix.
+// It changes nothing: it reads settings, privileges and the catalog, and
+// runs pg_dump --version and pg_restore --version. It returns an error only
+// when it could not look (the server is unreachable, ctx ended).
+//
+// The checks: wal_level; the database's encoding; the tables WithTables
+// names; the REPLICATION privilege; free replication slots and WAL
+// senders; max_slot_wal_keep_size; the publication (whether it exists and
+// matches the options, or can be created); every captured table without a
+// usable replica identity and what happens to it (see
+// [WithKeylessTables]); the persistent slot's state; pg_dump and pg_restore
+// against the server's release; for apply, replication origins and
+// session_replication_role; and what the server's release offers.
+func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
+	f, err := c.readServerFacts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("siphon: preflight: %w", err)
+	}
+	r := &PreflightReport{ServerVersion: f.version}
+	r.Checks = append(r.Checks, f.walLevelCheck(), f.encodingCheck())
+	if len(c.tables) > 0 {
+		r.Checks = append(r.Checks, f.tablesCheck())
+	}
+	for _, check := range []func(context.Context) ([]Check, error){
+		c.roleChecks, c.capacityChecks, c.publicationChecks, c.slotCheck, c.clientChecks, c.applyChecks,
+	} {
+		checks, err := check(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("siphon: preflight: %w", err)
+		}
+		r.Checks = append(r.Checks, checks...)
+	}
+	r.Checks = append(r.Checks, releaseCheck(f))
+	return r, nil
+}
+
+// roleChecks checks the REPLICATION privilege.
+func (c *Conn) roleChecks(ctx context.Context) ([]Check, error) {
+	var role string
+	var replication, super, createRole bool
+	err := c.pool.QueryRow(ctx, `SELECT rolname, rolreplication, rolsuper, rolcreaterole FROM pg_roles WHERE rolname = current_user`).
+		Scan(&role, &replication, &super, &createRole)
+	if err != nil {
+		return nil, err
+	}
+	ch := Check{Name: CheckReplicationRole, Status: CheckOK, Found: fmt.Sprintf("role %q may open replication sessions", role),
+		Needed: "slots and streaming"}
+	switch {
+	case replication || super:
+	case createRole:
+		ch.Status, ch.Found = CheckWarning, fmt.Sprintf("role %q lacks REPLICATION, and may grant it to itself", role)
+		ch.Fix = fmt.Sprintf("siphon runs ALTER ROLE %s WITH REPLICATION itself when it first needs it (and logs it at Warn); run it yourself to decide when", quoteIdent(role))
+	default:
+		ch.Status, ch.Found = CheckFailed, fmt.Sprintf("role %q lacks REPLICATION", role)
+		ch.Fix = fmt.Sprintf("have a superuser run ALTER ROLE %s WITH REPLICATION", quoteIdent(role))
+	}
+	return []Check{ch}, nil
+}
+
+// capacityChecks checks free slots and WAL senders, and
+// max_slot_wal_keep_size.
+func (c *Conn) capacityChecks(ctx context.Context) ([]Check, error) {
+	var maxSlots, usedSlots, maxSenders, usedSenders int
+	var keep string
+	var haveSlot bool
+	err := c.pool.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots),
+		current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender'),
+		current_setting('max_slot_wal_keep_size'), EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, c.opts.slot).
+		Scan(&maxSlots, &usedSlots, &maxSenders, &usedSenders, &keep, &haveSlot)
+	if err != nil {
+		return nil, err
+	}
+	// The persistent slot (unless it exists), and one temporary slot for a
+	// snapshot or backup at a time.
+	needSlots := 1
+	if !haveSlot {
+		needSlots++
+	}
+	slots := Check{Name: CheckSlots, Status: CheckOK, Found: fmt.Sprintf("%d of %d replication slots in use", usedSlots, maxSlots),
+		Needed: fmt.Sprintf("the persistent slot and one temporary slot per snapshot or backup (%d more)", needSlots)}
+	if free := maxSlots - usedSlots; free < needSlots {
+		slots.Status = CheckFailed
+		slots.Fix = fmt.Sprintf("raise max_replication_slots to at least %d (a restart), or drop unused slots (pg_replication_slots lists them; Conn.Slots lists siphon's)", usedSlots+needSlots)
+	}
+	senders := Check{Name: CheckWALSenders, Status: CheckOK, Found: fmt.Sprintf("%d of %d WAL senders in use", usedSenders, maxSenders),
+		Needed: "one per stream, and one per snapshot or backup while it runs (2 more)"}
+	if maxSenders-usedSenders < 2 {
+		senders.Status = CheckFailed
+		senders.Fix = fmt.Sprintf("raise max_wal_senders to at least %d (a restart), or end idle replication sessions", usedSenders+2)
+	}
+	limit := Check{Name: CheckSlotWALLimit, Status: CheckOK, Found: "max_slot_wal_keep_size is " + keep,
+		Needed: "keeping a slot nobody consumes from filling the disk"}
+	if keep == "-1" {
+		limit.Status = CheckWarning
+		limit.Found = "max_slot_wal_keep_size is -1: a slot nobody consumes keeps WAL until the disk is full"
+		limit.Fix = "run ALTER SYSTEM SET max_slot_wal_keep_size = '<size>' and SELECT pg_reload_conf(): a slot past it is invalidated, and siphon then reports a *ResumeGapError rather than the server running out of disk"
+	}
+	return []Check{slots, senders, limit}, nil
+}
+
+// publicationChecks checks the publication, and the tables without a
+// usable replica identity.
+func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
+	pub := Check{Name: CheckPublication, Status: CheckOK, Needed: "choosing what the change stream and snapshots carry"}
+	s, err := c.readPublications(ctx, c.pool)
+	if err != nil {
+		return nil, err
+	}
+	tables, err := c.readUserTables(ctx, c.pool)
+	if err != nil {
+		return nil, err
+	}
+	switch _, err := c.checkPublication(ctx); {
+	case err != nil:
+		pub.Status, pub.Found = CheckFailed, err.Error()
+		pub.Fix = "see the error: SyncPublication or ALTER PUBLICATION, or name another publication with WithPublication"
+	case s.exists:
+		pub.Found = fmt.Sprintf("publication %q exists and matches the options", c.opts.publication)
+	default:
+		pub.Found, pub.Fix = c.canCreatePublication(ctx, tables)
+		if pub.Fix != "" {
+			pub.Status = CheckFailed
+		}
+	}
+	var keyless []string
+	for _, t := range tables {
+		if !t.usable {
+			keyless = append(keyless, t.name.String())
+		}
+	}
+	identity := Check{Name: CheckReplicaIdentity, Status: CheckOK, Found: "every captured table has a usable replica identity",
+		Needed: "capturing updates and deletes without making the application's fail"}
+	if len(keyless) > 0 {
+		list := strings.Join(keyless, ", ")
+		identity.Status = CheckWarning
+		switch {
+		case s.allTables:
+			identity.Status = CheckFailed
+			identity.Found = fmt.Sprintf("publication %q is FOR ALL TABLES and %s have no usable replica identity: the application's UPDATE and DELETE on them fail", c.opts.publication, list)
+			identity.Fix = "drop the publication (siphon makes one that names its tables), or give them a primary key or REPLICA IDENTITY FULL"
+		case c.opts.keyless == KeylessFull:
+			identity.Found = "with REPLICA IDENTITY FULL (KeylessFull), siphon captures " + list + " whole"
+			identity.Fix = "nothing to do; a primary key would make their updates cheaper in WAL and apply"
+		case c.opts.keyless == KeylessInsertsOnly:
+			identity.Found = "only the inserts and truncates of " + list + " are captured (KeylessInsertsOnly)"
+			identity.Fix = "give them a primary key to capture their updates and deletes"
+		default:
+			identity.Found = list + " have no usable replica identity and are not captured (KeylessSkip)"
+			identity.Fix = "give them a primary key, or connect WithKeylessTables(KeylessFull) or WithKeylessTables(KeylessInsertsOnly)"
+		}
+	}
+	return []Check{pub, identity}, nil
+}
+
+// canCreatePublication says whether the role could create the publication,
+// and what to do when it could not.
+func (c *Conn) canCreatePublication(ctx context.Context, tables []userTable) (found, fix string) {
+	names := make([]canonical.TableName, len(tables))
+	for i, t := range tables {
+		names[i] = t.name
+	}
+	schemas, relnames := nameArrays(names)
+	var create, super bool
+	var notOwned []string
+	err := c.pool.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE'),
+		(SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
+		coalesce((SELECT array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY 1) FROM pg_class c
+		          JOIN pg_namespace n ON n.oid = c.relnamespace
+		          WHERE c.relkind IN ('r', 'p') AND NOT pg_has_role(c.relowner, 'USAGE')
+		            AND (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[]))), '{}')`,
+		schemas, relnames).Scan(&create, &super, &notOwned)
+	switch {
+	case err != nil:
+		return "could not tell whether the publication can be created: " + err.Error(), "check the role's privileges"
+	case super:
+		return fmt.Sprintf("publication %q does not exist yet: siphon creates it", c.opts.publication), ""
+	case !create:
+		return "the role may not create publications in this database", "GRANT CREATE ON DATABASE to the role"
+	case len(notOwned) > 0:
+		return "the role does not own " + strings.Join(notOwned, ", "), "make the role own the tables it captures, or create the publication as a superuser"
+	}
+	return fmt.Sprintf("publication %q does not exist yet: siphon creates it", c.opts.publication), ""
+}
+
+// slotCheck reports the persistent slot's state.
+func (c *Conn) slotCheck(ctx context.Context) ([]Check, error) {
+	s, err := c.readSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ch := Check{Name: CheckSlot, Status: CheckOK, Needed: "resuming the change stream and incrementals"}
+	switch {
+	case !s.exists:
+		ch.Found = fmt.Sprintf("slot %q does not exist yet: siphon creates it when a stream, snapshot or chain needs it", c.opts.slot)
+	case s.walStatus == "lost":
+		ch.Status, ch.Found = CheckFailed, fmt.Sprintf("slot %q was invalidated (wal_status lost): the changes it held are gone", c.opts.slot)
+		ch.Fix = "drop it (Detach), then take a new snapshot or full backup and stream from its Position"
+	default:
+		ch.Found = fmt.Sprintf("slot %q exists (confirmed %v, wal_status %s, active %v)", c.opts.slot, s.confirmed, s.walStatus, s.active)
+	}
+	return []Check{ch}, nil
+}
+
+// clientChecks checks pg_dump and pg_restore against the server.
+func (c *Conn) clientChecks(ctx context.Context) ([]Check, error) {
+	server, err := c.serverVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var checks []Check
+	for _, p := range []struct {
+		name   CheckName
+		needed string
+	}{{CheckPgDump, "Backup"}, {CheckPgRestore, "Restore, RestoreChain and verifying dumps"}} {
+		ch := Check{Name: p.name, Status: CheckOK, Needed: p.needed}
+		prog, err := pgdump.Find(ctx, string(p.name), "", server)
+		if err != nil {
+			ch.Status, ch.Found = CheckFailed, err.Error()
+			ch.Fix = fmt.Sprintf("install the PostgreSQL %s client programs (Debian: apt-get install postgresql-client-%s), or name them with BackupOptions.PgDump and RestoreOptions.PgRestore",
+				server.Release(), server.Release())
+		} else {
+			ch.Found = fmt.Sprintf("%s %s (%s)", prog.Name, prog.Version, prog.Path)
+		}
+		checks = append(checks, ch)
+	}
+	return checks, nil
+}
+
+// applyChecks checks what apply into this database needs.
+func (c *Conn) applyChecks(ctx context.Context) ([]Check, error) {
+	env, err := readApplyEnv(ctx, c.pool)
+	if err != nil {
+		return nil, err
+	}
+	role, err := c.readApplyRole(ctx, c.pool)
+	if err != nil {
+		return nil, err
+	}
+	origins := Check{Name: CheckOrigins, Status: CheckOK, Found: "the role may use replication origins",
+		Needed: "apply: recording what was applied with each transaction"}
+	if !env.origins {
+		origins.Status = CheckWarning
+		origins.Found = "the role may not use replication origins: apply records its progress in the table siphon.applied_position instead"
+		origins.Fix = "nothing to do if the role may create that schema (CREATE on the database); or grant EXECUTE on the pg_replication_origin_* functions"
+	}
+	replica := Check{Name: CheckApplyRole, Status: CheckOK, Found: "the role may set session_replication_role: apply runs as a replica",
+		Needed: "apply: the target's triggers and foreign keys do not fire on replicated changes"}
+	switch {
+	case c.opts.triggersOnApply:
+		replica.Found = "WithTriggersOnApply: apply runs as an ordinary session, the target's triggers fire"
+	case !role.replica:
+		replica.Status = CheckWarning
+		replica.Found = fmt.Sprintf("role %q may not set session_replication_role: apply refuses tables whose triggers, rules or foreign-key actions would fire", role.role)
+		replica.Fix = fmt.Sprintf("have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s", quoteIdent(role.role))
+	}
+	return []Check{origins, replica}, nil
+}
+
+// releaseCheck says what the server's release offers.
+func releaseCheck(f serverFacts) Check {
+	major := f.versionNum / 10000
+	ch := Check{Name: CheckRelease, Status: CheckOK, Needed: "features that depend on the release"}
+	switch {
+	case major < 15:
+		ch.Status, ch.Found = CheckFailed, fmt.Sprintf("PostgreSQL %d: siphon needs 15 or later", major)
+		ch.Fix = "upgrade the server to PostgreSQL 15 or later"
+	case major == 15:
+		ch.Found = "PostgreSQL 15: every siphon feature but those of later releases (streaming only local changes: 16; failover slots: 17)"
+	case major == 16:
+		ch.Found = "PostgreSQL 16: streaming only local changes; failover slots need 17"
+	default:
+		ch.Found = fmt.Sprintf("PostgreSQL %d: streaming only local changes, failover slots", major)
+	}
+	return ch
+}
