@@ -3,6 +3,7 @@ package natsjs_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"regexp"
@@ -267,3 +268,20 @@ func slotChanges(tb testing.TB, dsn, slot string, last func(canonical.Change) bo
 	require.True(tb, found, "the slot's stream reaches the last transaction")
 	return got
 }
+
+// warnings is a log handler that counts warnings, so a test can wait for
+// a Publisher to have met a failure.
+type warnings struct{ n *atomic.Int64 }
+
+func newWarnings() warnings { return warnings{n: new(atomic.Int64)} }
+
+func (w warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (w warnings) Handle(context.Context, slog.Record) error {
+	w.n.Add(1)
+	return nil
+}
+
+func (w warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+
+func (w warnings) WithGroup(string) slog.Handler { return w }

@@ -2,6 +2,8 @@ package natsjs_test
 
 import (
 	"context"
+	"log/slog"
+	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -181,5 +183,157 @@ func sourceSystemID(t testing.TB, admin *pgx.Conn) string {
 func insertOf(table string, id string) func(canonical.Change) bool {
 	return func(ch canonical.Change) bool {
 		return ch.Op == canonical.OpInsert && ch.Table == table && ch.New[0].String() == id
+	}
+}
+
+// TestPublisherResumesInsideATransaction stops a Publisher half way
+// through a large transaction and lets the duplicate window pass: the next
+// one completes the transaction from what the stream holds, so the stream
+// ends with every message once, without relying on deduplication.
+func TestPublisherResumesInsideATransaction(t *testing.T) {
+	t.Parallel()
+	slot, direct := testSlot(t), testSlot(t)
+	dsn, admin, _ := newSource(t, workDDL, slot, direct)
+	const rows = 20000
+	execSQL(t, admin, `INSERT INTO items VALUES (-1, 'before')`,
+		`INSERT INTO items SELECT g, 'large' FROM generate_series(1, 20000) g`,
+		`INSERT INTO other VALUES (1)`, `INSERT INTO items VALUES (-2, 'end')`)
+	changes := slotChanges(t, dsn, direct, insertOf("items", "-2"))
+	end := changes[len(changes)-1].Position
+
+	srv := startNATS(t)
+	nc, js := connectNATS(t, srv.ClientURL())
+	const window = 200 * time.Millisecond
+	cfg := natsjs.StreamConfig("RESUME", "r")
+	cfg.Duplicates = window
+	s, err := js.CreateStream(context.Background(), cfg)
+	require.NoError(t, err)
+	pubCfg := natsjs.Config{Stream: "RESUME", Prefix: "r", Slot: slot, MaxPending: 16}
+	first, err := natsjs.NewPublisher(nc, pubCfg)
+	require.NoError(t, err)
+	run := runPublisher(t, first, dsn)
+	waitFor(t, time.Minute, "the stream holds part of the large transaction", func() bool {
+		info, err := s.Info(context.Background())
+		return err == nil && info.State.Msgs >= rows/4
+	})
+	held, err := run.stop()
+	require.NoError(t, err)
+	stored := storedMessages(t, s)
+	require.Less(t, len(stored), rows, "stopped inside the large transaction")
+	last := stored[len(stored)-1]
+	assert.Equal(t, "r.public.items", last.Subject, "the stream ends inside a transaction")
+	assert.Equal(t, heldEnd(t, s, "r"), held, "Run returns the end of the last whole transaction")
+	// Time, not an event: once the window has passed, JetStream would store
+	// a message sent again as a new one.
+	time.Sleep(2 * window)
+
+	second, err := natsjs.NewPublisher(nc, pubCfg)
+	require.NoError(t, err)
+	run = runPublisher(t, second, dsn)
+	awaitHeld(t, s, "r", end)
+	held, err = run.stop()
+	require.NoError(t, err)
+	assert.Equal(t, end, held)
+	checkMessages(t, storedMessages(t, s), expectMessages("r", changes), sourceSystemID(t, admin), slot)
+}
+
+// TestPublisherSurvivesNATSRestart stops the NATS server while a Publisher
+// runs and a workload commits, and starts it again once the Publisher has
+// met the failure (a message not acknowledged): the Publisher waits,
+// starts over, and the stream ends with every transaction once, in order.
+func TestPublisherSurvivesNATSRestart(t *testing.T) {
+	t.Parallel()
+	slot, direct := testSlot(t), testSlot(t)
+	dsn, admin, _ := newSource(t, workDDL, slot, direct)
+	opts := natsOptions(t.TempDir())
+	srv := startServer(t, opts)
+	opts.Port = srv.Addr().(*net.TCPAddr).Port // the same address after the restart
+	t.Cleanup(func() { stopServer(srv) })
+	nc, js := connectNATS(t, srv.ClientURL())
+	s := createStream(t, js, "RESTART", "n", 1)
+	warned := newWarnings()
+	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: "RESTART", Prefix: "n", Slot: slot,
+		AckWait: time.Second, Logger: slog.New(warned)})
+	require.NoError(t, err)
+	run := runPublisher(t, pub, dsn)
+
+	insert := func(from, to int) {
+		for i := from; i < to; i++ {
+			execSQL(t, admin, "INSERT INTO items VALUES ("+strconv.Itoa(i)+", 'n')")
+		}
+	}
+	insert(0, 50)
+	waitFor(t, time.Minute, "some transactions published", func() bool { return heldEnd(t, s, "n") > 0 })
+	stopServer(srv)
+	insert(50, 100) // while NATS is down
+	waitFor(t, time.Minute, "the Publisher meets the failure", func() bool { return warned.n.Load() > 0 })
+	srv = startServer(t, opts)
+	insert(100, 150)
+	changes := slotChanges(t, dsn, direct, insertOf("items", "149"))
+	end := changes[len(changes)-1].Position
+	awaitHeld(t, s, "n", end)
+	_, err = run.stop()
+	require.NoError(t, err)
+	checkMessages(t, storedMessages(t, s), expectMessages("n", changes), sourceSystemID(t, admin), slot)
+}
+
+// TestPublisherRefusesAStreamNotItsOwn: a missing stream, one capturing
+// other subjects, and one holding another slot's messages are each a
+// *StreamMismatchError, which Run returns rather than retry.
+func TestPublisherRefusesAStreamNotItsOwn(t *testing.T) {
+	t.Parallel()
+	slot, other := testSlot(t), testSlot(t)
+	dsn, admin, _ := newSource(t, workDDL, slot, other)
+	execSQL(t, admin, `INSERT INTO items VALUES (1, 'a')`)
+	srv := startNATS(t)
+	nc, js := connectNATS(t, srv.ClientURL())
+	ctx := context.Background()
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "WIDE", Subjects: []string{"wide.>", "more.>"}})
+	require.NoError(t, err)
+	s := createStream(t, js, "TAKEN", "taken", 1)
+	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: "TAKEN", Prefix: "taken", Slot: other})
+	require.NoError(t, err)
+	run := runPublisher(t, pub, dsn)
+	awaitHeld(t, s, "taken", 1)
+	_, err = run.stop()
+	require.NoError(t, err)
+
+	for _, tt := range []struct{ stream, prefix, problem string }{
+		{"MISSING", "missing", "does not exist"},
+		{"WIDE", "wide", `captures ["wide.>" "more.>"], not exactly ["wide.>"]`},
+		{"TAKEN", "taken", "give each slot a stream of its own"},
+	} {
+		pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: tt.stream, Prefix: tt.prefix, Slot: slot})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		_, err = pub.Run(ctx, dsn)
+		cancel()
+		var mismatch *natsjs.StreamMismatchError
+		require.ErrorAs(t, err, &mismatch, tt.stream)
+		assert.Equal(t, tt.stream, mismatch.Stream)
+		assert.Contains(t, err.Error(), tt.problem)
+	}
+}
+
+// TestNewPublisherChecksConfig: a config that cannot work is refused at
+// once, saying what to fix.
+func TestNewPublisherChecksConfig(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	nc, _ := connectNATS(t, srv.ClientURL())
+	_, err := natsjs.NewPublisher(nil, natsjs.Config{Stream: "S", Slot: "s"})
+	assert.ErrorContains(t, err, "NATS connection is nil")
+	for _, tt := range []struct {
+		cfg     natsjs.Config
+		problem string
+	}{
+		{natsjs.Config{Slot: "s"}, "Config.Stream is empty"},
+		{natsjs.Config{Stream: "S"}, "Config.Slot is empty"},
+		{natsjs.Config{Stream: "S", Slot: "s", Prefix: "a..b"}, `"a..b" is not a subject prefix`},
+		{natsjs.Config{Stream: "S", Slot: "s", Prefix: "a.*"}, `"a.*" is not a subject prefix`},
+		{natsjs.Config{Stream: "S", Slot: "s", MaxPending: -1}, "negative"},
+	} {
+		_, err := natsjs.NewPublisher(nc, tt.cfg)
+		assert.ErrorContains(t, err, tt.problem)
 	}
 }
