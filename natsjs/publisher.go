@@ -156,7 +156,8 @@ func checkPrefix(prefix string) error {
 // an error for what starting over cannot mend: a stream that does not fit
 // ([*StreamMismatchError]), a slot that cannot resume
 // ([*siphon.ResumeGapError]), a change too large for NATS
-// ([*MessageTooLargeError]), a failed connection to the database.
+// ([*MessageTooLargeError]), a failed connection to the database. A
+// Publisher runs one Run at a time.
 func (p *Publisher) Run(ctx context.Context, dsn string, opts ...siphon.Option) (canonical.Position, error) {
 	systemID, err := readSystemID(ctx, dsn)
 	if err != nil {
@@ -179,7 +180,7 @@ func (p *Publisher) Run(ctx context.Context, dsn string, opts ...siphon.Option) 
 			return held, nil
 		}
 		if !retryable(err) {
-			return held, fmt.Errorf("natsjs: run: %w", err)
+			return held, err
 		}
 		if a.published > 0 {
 			wait = minRetryWait

@@ -337,3 +337,29 @@ func TestNewPublisherChecksConfig(t *testing.T) {
 		assert.ErrorContains(t, err, tt.problem)
 	}
 }
+
+// TestPublisherRefusesAChangeTooLarge: a change whose message is larger
+// than the server takes is a *MessageTooLargeError, which Run returns
+// rather than retry.
+func TestPublisherRefusesAChangeTooLarge(t *testing.T) {
+	t.Parallel()
+	slot := testSlot(t)
+	dsn, admin, _ := newSource(t, workDDL, slot)
+	execSQL(t, admin, `INSERT INTO items VALUES (1, repeat('x', 100000))`)
+	opts := natsOptions(t.TempDir())
+	opts.MaxPayload = 64 << 10
+	srv := startServer(t, opts)
+	t.Cleanup(func() { stopServer(srv) })
+	nc, js := connectNATS(t, srv.ClientURL())
+	createStream(t, js, "LARGE", "l", 1)
+	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: "LARGE", Prefix: "l", Slot: slot})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = pub.Run(ctx, dsn)
+	var large *natsjs.MessageTooLargeError
+	require.ErrorAs(t, err, &large)
+	assert.Equal(t, "l.public.items", large.Subject)
+	assert.Greater(t, large.Size, 100000)
+	assert.Equal(t, int64(64<<10), large.Max)
+}
