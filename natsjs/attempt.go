@@ -35,8 +35,10 @@ type attempt struct {
 	// held is the last message the stream held when the attempt began:
 	// messages at or before it are not published again.
 	held msgKey
-	// last is the end Position of the last transaction the stream holds.
-	last canonical.Position
+	// last is the end Position of the last transaction the stream holds;
+	// prev is that of the last one published, or where the attempt
+	// started when none was.
+	last, prev canonical.Position
 	// published counts the messages JetStream acknowledged.
 	published int
 
@@ -115,7 +117,7 @@ func (a *attempt) emit(ch canonical.Change) error {
 		if a.tx.index == 0 {
 			return nil // nothing published: nothing to mark
 		}
-		a.tx.end, a.tx.count = ch.Position, a.tx.index
+		a.tx.end, a.tx.count, a.tx.prevEnd = ch.Position, a.tx.index, a.prev
 		if err := a.publish(CommitSubject(prefix), &ch, true); err != nil {
 			return err
 		}
@@ -126,7 +128,7 @@ func (a *attempt) emit(ch canonical.Change) error {
 				return err
 			}
 		}
-		a.last = ch.Position
+		a.last, a.prev = ch.Position, ch.Position
 	}
 	return nil
 }

@@ -45,6 +45,12 @@ type ConsumeConfig struct {
 // whole. Row changes, truncations and messages get their transaction's
 // commit time.
 //
+// The stream's retention (MaxAge, MaxMsgs, MaxBytes) or a purge removes
+// its oldest transactions: with a zero After, Consume starts at the oldest
+// transaction the stream holds whole; with another, it refuses with a
+// [*HistoryGapError] to start when a transaction ending after After may
+// have been removed, rather than skip it.
+//
 // Consume runs until ctx is cancelled, which is the normal stop: it then
 // returns the end Position of the last transaction whose OpCommit emit
 // returned nil (After when there was none) and nil. An emit error stops it
@@ -56,6 +62,10 @@ func Consume(ctx context.Context, s jetstream.Stream, cfg ConsumeConfig, emit fu
 		return cfg.After, errors.New("natsjs: consume: emit is nil")
 	}
 	start, err := startSequence(ctx, s, prefix, cfg.After)
+	var gap *HistoryGapError
+	if errors.As(err, &gap) {
+		return cfg.After, err
+	}
 	if err != nil {
 		return cfg.After, stopped(ctx, fmt.Errorf("natsjs: consume: find where to start: %w", err))
 	}
@@ -98,42 +108,87 @@ func stopped(ctx context.Context, err error) error {
 
 // startSequence returns the stream sequence to read from so as to deliver
 // the transactions that end after after: the one after the last commit
-// marker ending at or before it (the stream's first for none, or for a
-// zero after). Commit markers are in the order of their ends, so a binary
-// search finds it, each step reading the first marker at or after a
-// sequence.
+// marker ending at or before it (the stream's first for a zero after).
+// Commit markers are in the order of their ends, so a binary search finds
+// it, each step reading the first marker at or after a sequence. When
+// that is the stream's oldest message and older ones were removed, it
+// checks that none the consumer has not seen was.
 func startSequence(ctx context.Context, s jetstream.Stream, prefix string, after canonical.Position) (uint64, error) {
 	info, err := s.Info(ctx)
 	if err != nil {
 		return 0, err
 	}
-	lo, hi := max(info.State.FirstSeq, 1), info.State.LastSeq+1
-	if after == 0 {
+	first, lo, hi := max(info.State.FirstSeq, 1), max(info.State.FirstSeq, 1), info.State.LastSeq+1
+	if info.State.Msgs == 0 {
+		return hi, nil
+	}
+	for after != 0 && lo < hi {
+		mid := lo + (hi-lo)/2
+		m, ok, err := nextMarker(ctx, s, prefix, mid)
+		switch {
+		case err != nil:
+			return 0, err
+		case !ok || m.end > after:
+			hi = mid
+		default:
+			lo = m.seq + 1
+		}
+	}
+	if lo != first || first == 1 {
 		return lo, nil
 	}
-	// Find the first sequence from which the next marker ends after after
-	// (or there is none yet).
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		m, err := s.GetMsg(ctx, mid, jetstream.WithGetMsgSubject(CommitSubject(prefix)))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			hi = mid
-			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		h, err := parseHeader(m.Header, true)
-		if err != nil {
-			return 0, &MessageError{Sequence: m.Sequence, Subject: m.Subject, Err: err}
-		}
-		if h.end > after {
-			hi = mid
-		} else {
-			lo = m.Sequence + 1
-		}
+	return headStart(ctx, s, prefix, after, first, info.Config.Name)
+}
+
+// headStart returns where to start when the transactions to deliver begin
+// at the stream's oldest message first and older ones were removed
+// (retention, a purge): a zero after skips a transaction the removal cut;
+// a nonzero one is refused with a *HistoryGapError when a transaction
+// ending after it may have been removed.
+func headStart(ctx context.Context, s jetstream.Stream, prefix string, after canonical.Position, first uint64, stream string) (uint64, error) {
+	m, err := s.GetMsg(ctx, first)
+	if err != nil {
+		return 0, err
 	}
-	return lo, nil
+	h, err := parseHeader(m.Header, m.Subject == CommitSubject(prefix))
+	if err != nil {
+		return 0, &MessageError{Sequence: m.Sequence, Subject: m.Subject, Err: err}
+	}
+	marker, ok, err := nextMarker(ctx, s, prefix, first)
+	switch {
+	case err != nil:
+		return 0, err
+	case h.index != 0 && after != 0:
+		return 0, &HistoryGapError{Stream: stream, After: after, Oldest: h.commit}
+	case h.index != 0 && ok:
+		return marker.seq + 1, nil
+	case after != 0 && ok && marker.prevEnd > after:
+		return 0, &HistoryGapError{Stream: stream, After: after, Oldest: h.commit}
+	}
+	return first, nil
+}
+
+// markerAt is a commit marker's place and ends.
+type markerAt struct {
+	seq          uint64
+	end, prevEnd canonical.Position
+}
+
+// nextMarker returns the first commit marker at or after seq, and whether
+// there is one.
+func nextMarker(ctx context.Context, s jetstream.Stream, prefix string, seq uint64) (markerAt, bool, error) {
+	m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(CommitSubject(prefix)))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return markerAt{}, false, nil
+	}
+	if err != nil {
+		return markerAt{}, false, err
+	}
+	h, err := parseHeader(m.Header, true)
+	if err != nil {
+		return markerAt{}, false, &MessageError{Sequence: m.Sequence, Subject: m.Subject, Err: err}
+	}
+	return markerAt{seq: m.Sequence, end: h.end, prevEnd: h.prevEnd}, true, nil
 }
 
 // txReader turns a stream's messages back into the change stream.

@@ -3,6 +3,7 @@ package natsjs_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -176,4 +177,52 @@ func TestConsumeStopsAtAForeignMessage(t *testing.T) {
 	stop := errors.New("handler failed")
 	_, err = natsjs.Consume(ctx, ps, natsjs.ConsumeConfig{Prefix: "c"}, func(canonical.Change) error { return stop })
 	assert.ErrorIs(t, err, stop)
+}
+
+// TestConsumeRefusesAGapInTheHistory: once the stream's retention removed
+// its oldest transactions, resuming after one of those that remain, or
+// after the last one removed, works; resuming from before that is a
+// *HistoryGapError; a zero After starts at the oldest whole transaction.
+func TestConsumeRefusesAGapInTheHistory(t *testing.T) {
+	t.Parallel()
+	slots, direct := []string{testSlot(t), testSlot(t)}, testSlot(t)
+	dsn, admin, _ := newSource(t, workDDL, slots[0], slots[1], direct)
+	for _, id := range []string{"1", "2", "3", "4", "5", "6"} {
+		execSQL(t, admin, "INSERT INTO items VALUES ("+id+", 'x')")
+	}
+	changes := slotChanges(t, dsn, direct, insertOf("items", "6"))
+	all := throughStream(changes, nil) // six transactions of three changes each
+	end := func(tx int) canonical.Position { return all[3*tx-1].Position }
+
+	srv := startNATS(t)
+	nc, js := connectNATS(t, srv.ClientURL())
+	for i, tt := range []struct {
+		keep   int64 // messages the stream keeps: two a transaction
+		oldest int   // the oldest transaction it holds whole
+	}{
+		{keep: 6, oldest: 4},
+		{keep: 5, oldest: 5}, // transaction 4 is cut: only its marker is left
+	} {
+		name := "GAP" + strconv.FormatInt(tt.keep, 10)
+		cfg := natsjs.StreamConfig(name, name)
+		cfg.MaxMsgs = tt.keep
+		s, err := js.CreateStream(context.Background(), cfg)
+		require.NoError(t, err)
+		pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: name, Prefix: name, Slot: slots[i]})
+		require.NoError(t, err)
+		run := runPublisher(t, pub, dsn)
+		awaitHeld(t, s, name, end(6))
+		_, err = run.stop()
+		require.NoError(t, err)
+
+		got, _ := consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: name}, end(6))
+		assert.Equal(t, all[3*(tt.oldest-1):], got, "a zero After: from the oldest whole transaction")
+		got, _ = consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: name, After: end(tt.oldest - 1)}, end(6))
+		assert.Equal(t, all[3*(tt.oldest-1):], got, "after the last transaction removed")
+		_, err = natsjs.Consume(context.Background(), s, natsjs.ConsumeConfig{Prefix: name, After: end(tt.oldest - 2)},
+			func(canonical.Change) error { return nil })
+		var gap *natsjs.HistoryGapError
+		require.ErrorAs(t, err, &gap, "keep %d", tt.keep)
+		assert.Equal(t, end(tt.oldest-2), gap.After)
+	}
 }

@@ -45,7 +45,8 @@
 // [canonical.ParseChange]. Its headers: Nats-Msg-Id (see [MsgID]),
 // [HeaderSystemID], [HeaderSlot], [HeaderXID], [HeaderCommit] (the commit
 // Position), [HeaderCommitTime], [HeaderIndex] (its place in the
-// transaction), and on a marker [HeaderEnd] and [HeaderCount].
+// transaction), and on a marker [HeaderEnd], [HeaderCount] and
+// [HeaderPrevEnd].
 //
 // Subject tokens are names escaped reversibly ([SubjectToken]): ASCII
 // letters, digits, '-' and '_' stand for themselves, every other byte is
@@ -106,7 +107,8 @@
 // On the consuming side, a consumer that records the end Position of the
 // last transaction it handled, and resumes with it ([ConsumeConfig.After]),
 // handles each transaction once, exactly as with StreamChanges. The
-// stream's retention (MaxAge, MaxMsgs, MaxBytes) is the consumers': a
-// consumer resuming from a transaction the stream no longer holds starts at
-// its oldest message.
+// stream's retention (MaxAge, MaxMsgs, MaxBytes) bounds how long a consumer
+// may stay away: one resuming after a Position older than what the stream
+// still holds gets a [*HistoryGapError] (each marker names the end of the
+// transaction before it, so Consume can tell), never a silent skip.
 package natsjs

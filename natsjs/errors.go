@@ -52,6 +52,25 @@ func (e *MessageError) Error() string {
 
 func (e *MessageError) Unwrap() error { return e.Err }
 
+// HistoryGapError reports that a stream no longer holds every transaction
+// after the Position a consumer resumes from: its retention (MaxAge,
+// MaxMsgs, MaxBytes) or a purge removed transactions the consumer has not
+// seen. [Consume] refuses rather than skip them. The way out is a new
+// snapshot of the source, or a stream that keeps its history longer than
+// consumers stay away.
+type HistoryGapError struct {
+	Stream string
+	After  canonical.Position
+	// Oldest is the commit Position of the oldest transaction the stream
+	// holds (whole or in part).
+	Oldest canonical.Position
+}
+
+func (e *HistoryGapError) Error() string {
+	return fmt.Sprintf("natsjs: stream %q no longer holds every transaction after %v (its oldest was committed at %v): the ones in between were removed; start from a new snapshot",
+		e.Stream, e.After, e.Oldest)
+}
+
 // publishError reports that JetStream did not do what the Publisher
 // asked: a message not acknowledged in time, refused, or stored at another
 // sequence than expected; the stream not readable. It is retryable:

@@ -39,6 +39,12 @@ const (
 	// HeaderCount, on a commit marker, is how many messages of the
 	// transaction came before it, on every subject.
 	HeaderCount = "Siphon-Count"
+	// HeaderPrevEnd, on a commit marker, is the end Position of the
+	// transaction published before it (0/0 when unknown: the first the
+	// Publisher published, streamed from where the slot stood), so a
+	// consumer can tell when the stream no longer holds a transaction it
+	// has not seen.
+	HeaderPrevEnd = "Siphon-Prev-End"
 )
 
 // MsgID returns the Nats-Msg-Id of a message: the source's system
@@ -57,9 +63,9 @@ type msgHeader struct {
 	commit         canonical.Position
 	commitTime     time.Time
 	index          int
-	// end and count are a commit marker's.
-	end   canonical.Position
-	count int
+	// end, count and prevEnd are a commit marker's.
+	end, prevEnd canonical.Position
+	count        int
 }
 
 // header builds the headers of a message, but for Nats-Expected-Last-Sequence.
@@ -76,6 +82,7 @@ func (m *msgHeader) header(marker bool) nats.Header {
 	if marker {
 		h[HeaderEnd] = []string{m.end.String()}
 		h[HeaderCount] = []string{strconv.Itoa(m.count)}
+		h[HeaderPrevEnd] = []string{m.prevEnd.String()}
 	}
 	return h
 }
@@ -95,6 +102,7 @@ func parseHeader(h nats.Header, marker bool) (msgHeader, error) {
 	if marker {
 		m.end = r.position(HeaderEnd)
 		m.count = int(r.uint(HeaderCount, 31))
+		m.prevEnd = r.position(HeaderPrevEnd)
 	}
 	return m, r.err
 }

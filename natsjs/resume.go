@@ -37,12 +37,13 @@ func (a *attempt) resume() (canonical.Position, error) {
 		a.maxSize = m
 	}
 	a.seq = info.State.LastSeq
+	a.prev = a.p.cfg.From
 	if info.State.Msgs == 0 {
-		return a.p.cfg.From, nil
+		return a.prev, nil
 	}
 	last, ok, err := a.lastMessage(s, prefix+".>")
 	if err != nil || !ok {
-		return a.p.cfg.From, err
+		return a.prev, err
 	}
 	// Messages may have been stored since the stream's state was read.
 	a.seq = max(a.seq, last.Sequence)
@@ -53,17 +54,17 @@ func (a *attempt) resume() (canonical.Position, error) {
 	}
 	a.held = msgKey{h.commit, h.index}
 	if marker {
-		a.last = h.end
+		a.last, a.prev = h.end, h.end
 		return h.end, nil
 	}
 	m, ok, err := a.lastMessage(s, CommitSubject(prefix))
 	if err != nil || !ok {
-		return a.p.cfg.From, err
+		return a.prev, err
 	}
 	if h, err = a.ownHeader(m, true); err != nil {
 		return 0, err
 	}
-	a.last = h.end
+	a.last, a.prev = h.end, h.end
 	return h.end, nil
 }
 
