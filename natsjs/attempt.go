@@ -114,9 +114,9 @@ func (a *attempt) emit(ch canonical.Change) error {
 			return a.publish(MessageSubject(prefix), &ch, false)
 		}
 	case canonical.OpCommit:
-		if a.tx.index == 0 {
-			return nil // nothing published: nothing to mark
-		}
+		// A marker even for a transaction with nothing else to publish: the
+		// slot is acknowledged past it, so the stream must hold its end, or
+		// resuming from the stream would be behind the slot.
 		a.tx.end, a.tx.count, a.tx.prevEnd = ch.Position, a.tx.index, a.prev
 		if err := a.publish(CommitSubject(prefix), &ch, true); err != nil {
 			return err

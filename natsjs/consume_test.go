@@ -38,39 +38,29 @@ func consumeUntil(t *testing.T, s jetstream.Stream, cfg natsjs.ConsumeConfig, en
 
 // throughStream is what a slot's change stream becomes once through the
 // stream: a truncation of several tables is one per table, and
-// non-transactional messages and transactions with nothing to publish are
-// gone. keep, when set, says which tables' changes are kept.
+// non-transactional messages are gone. keep, when set, says which tables'
+// changes are kept.
 func throughStream(changes []canonical.Change, keep func(canonical.TableName) bool) []canonical.Change {
-	var out, tx []canonical.Change
-	published := 0
+	var out []canonical.Change
 	for _, ch := range changes {
 		switch ch.Op {
-		case canonical.OpBegin:
-			tx, published = []canonical.Change{ch}, 0
 		case canonical.OpTruncate:
 			for _, name := range ch.Truncated {
 				one := ch
 				one.Truncated = []canonical.TableName{name}
-				published++
 				if keep == nil || keep(name) {
-					tx = append(tx, one)
+					out = append(out, one)
 				}
 			}
 		case canonical.OpMessage:
-			if ch.Message.Transactional {
-				published++
-				if keep == nil {
-					tx = append(tx, ch)
-				}
+			if ch.Message.Transactional && keep == nil {
+				out = append(out, ch)
 			}
-		case canonical.OpCommit:
-			if published > 0 {
-				out = append(append(out, tx...), ch)
-			}
+		case canonical.OpBegin, canonical.OpCommit:
+			out = append(out, ch)
 		default:
-			published++
 			if keep == nil || keep(ch.TableName()) {
-				tx = append(tx, ch)
+				out = append(out, ch)
 			}
 		}
 	}

@@ -34,8 +34,10 @@
 //
 // Non-transactional logical decoding messages are not published: they
 // belong to no transaction and have no commit Position to order and
-// deduplicate them by. A transaction that changed no published table
-// publishes nothing, not even its marker.
+// deduplicate them by. Every transaction the slot delivers gets its marker,
+// even one with nothing else to publish (PostgreSQL sends none for a
+// transaction that changed no published table), so the stream's last
+// marker is never behind the slot.
 //
 // A message's body is the change as canonical JSONL (see
 // [canonical.AppendChange]): the lines a siphon JSONL stream holds for it,
