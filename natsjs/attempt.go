@@ -3,7 +3,6 @@ package natsjs
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,7 +42,8 @@ type attempt struct {
 	published int
 
 	// tx describes the open transaction; its index is the next message's.
-	tx msgHeader
+	tx  msgHeader
+	txh txHeader
 	// pending holds the messages published and not yet acknowledged, oldest
 	// first, and pendingBytes their size.
 	pending      []pendingMsg
@@ -95,6 +95,7 @@ func (a *attempt) emit(ch canonical.Change) error {
 	switch ch.Op {
 	case canonical.OpBegin:
 		a.tx = msgHeader{systemID: a.systemID, slot: a.p.cfg.Slot, xid: ch.XID, commit: ch.Position, commitTime: ch.CommitTime}
+		a.txh = newTxHeader(&a.tx)
 	case canonical.OpInsert, canonical.OpUpdate, canonical.OpDelete:
 		return a.publish(TableSubject(prefix, ch.TableName()), &ch, false)
 	case canonical.OpTruncate:
@@ -145,8 +146,7 @@ func (a *attempt) publish(subject string, ch *canonical.Change, marker bool) err
 	if err != nil {
 		return fmt.Errorf("natsjs: the message for %s: %w", subject, err)
 	}
-	hdr := h.header(marker)
-	hdr[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(a.seq, 10)}
+	hdr := a.txh.header(&h, marker, a.seq)
 	size := len(data) + headerSize(hdr)
 	if int64(size) > a.maxSize {
 		return &MessageTooLargeError{Subject: subject, Commit: h.commit, Size: size, Max: a.maxSize}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/siphondb/siphon/canonical"
 )
@@ -68,17 +69,36 @@ type msgHeader struct {
 	count        int
 }
 
-// header builds the headers of a message, but for Nats-Expected-Last-Sequence.
-func (m *msgHeader) header(marker bool) nats.Header {
-	h := nats.Header{
-		nats.MsgIdHdr:    {MsgID(m.systemID, m.slot, m.commit, m.index)},
-		HeaderSystemID:   {m.systemID},
-		HeaderSlot:       {m.slot},
-		HeaderXID:        {strconv.FormatUint(uint64(m.xid), 10)},
-		HeaderCommit:     {m.commit.String()},
-		HeaderCommitTime: {m.commitTime.UTC().Format(time.RFC3339Nano)},
-		HeaderIndex:      {strconv.Itoa(m.index)},
+// txHeader holds the header values every message of a transaction
+// shares, formatted once for all of them.
+type txHeader struct {
+	idPrefix                                string // the Nats-Msg-Id up to the index
+	systemID, slot, xid, commit, commitTime []string
+}
+
+func newTxHeader(m *msgHeader) txHeader {
+	commit := m.commit.String()
+	return txHeader{
+		idPrefix:   m.systemID + ":" + m.slot + ":" + commit + ":",
+		systemID:   []string{m.systemID},
+		slot:       []string{m.slot},
+		xid:        []string{strconv.FormatUint(uint64(m.xid), 10)},
+		commit:     []string{commit},
+		commitTime: []string{m.commitTime.UTC().Format(time.RFC3339Nano)},
 	}
+}
+
+// header builds the headers of the transaction's message m, with
+// Nats-Expected-Last-Sequence expecting seq. The maps share the values of
+// t, which nobody changes.
+func (t *txHeader) header(m *msgHeader, marker bool, seq uint64) nats.Header {
+	index := strconv.Itoa(m.index)
+	h := make(nats.Header, 12)
+	h[nats.MsgIdHdr] = []string{t.idPrefix + index}
+	h[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(seq, 10)}
+	h[HeaderSystemID], h[HeaderSlot], h[HeaderXID] = t.systemID, t.slot, t.xid
+	h[HeaderCommit], h[HeaderCommitTime] = t.commit, t.commitTime
+	h[HeaderIndex] = []string{index}
 	if marker {
 		h[HeaderEnd] = []string{m.end.String()}
 		h[HeaderCount] = []string{strconv.Itoa(m.count)}
