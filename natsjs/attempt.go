@@ -1,0 +1,204 @@
+package natsjs
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
+)
+
+// attempt is one run of the slot into the stream: it reads where the
+// stream stands, streams the slot from there, and ends at the first
+// failure. Only the goroutine running StreamChanges' emit uses it.
+//
+// Every message expects the stream's last sequence to be the one before it
+// (Nats-Expected-Last-Sequence), so JetStream stores the messages in the
+// order they were published or not at all: a message lost on the way (a
+// leader change, a node stopped) makes every message after it fail, and
+// the stream never holds a gap or a reordered message; the next attempt
+// continues after the last message it holds.
+type attempt struct {
+	p        *Publisher
+	ctx      context.Context
+	systemID string
+	// maxSize is the largest message NATS and the stream take.
+	maxSize int64
+
+	// seq is the stream's last sequence as the attempt expects it: the
+	// next message is stored at seq+1.
+	seq uint64
+	// held is the last message the stream held when the attempt began:
+	// messages at or before it are not published again.
+	held msgKey
+	// last is the end Position of the last transaction the stream holds;
+	// prev is that of the last one published, or where the attempt
+	// started when none was.
+	last, prev canonical.Position
+	// published counts the messages JetStream acknowledged.
+	published int
+
+	// tx describes the open transaction; its index is the next message's.
+	tx  msgHeader
+	txh txHeader
+	// pending holds the messages published and not yet acknowledged, oldest
+	// first, and pendingBytes their size.
+	pending      []pendingMsg
+	pendingBytes int
+}
+
+// msgKey orders a slot's messages: by commit Position, then index.
+type msgKey struct {
+	commit canonical.Position
+	index  int
+}
+
+func (k msgKey) after(o msgKey) bool {
+	return k.commit > o.commit || k.commit == o.commit && k.index > o.index
+}
+
+// pendingMsg is a message waiting for its acknowledgement.
+type pendingMsg struct {
+	fut     jetstream.PubAckFuture
+	seq     uint64 // where it must be stored
+	size    int
+	subject string
+}
+
+func (p *Publisher) newAttempt(ctx context.Context, systemID string) *attempt {
+	return &attempt{p: p, ctx: ctx, systemID: systemID}
+}
+
+// run resumes from the stream and streams the slot into it until ctx ends
+// or something fails.
+func (a *attempt) run(c *siphon.Conn) error {
+	from, err := a.resume()
+	if err != nil {
+		return err
+	}
+	a.p.log.Info("natsjs: publishing", "from", from, "stream_last_seq", a.seq)
+	_, err = c.StreamChanges(a.ctx, from, a.emit)
+	// What is still in flight is settled (stored or not) before the next
+	// attempt reads the stream.
+	for len(a.pending) > 0 && a.ctx.Err() == nil {
+		_ = a.awaitOldest()
+	}
+	return err
+}
+
+// emit is the StreamChanges callback.
+func (a *attempt) emit(ch canonical.Change) error {
+	prefix := a.p.cfg.Prefix
+	switch ch.Op {
+	case canonical.OpBegin:
+		a.tx = msgHeader{systemID: a.systemID, slot: a.p.cfg.Slot, xid: ch.XID, commit: ch.Position, commitTime: ch.CommitTime}
+		a.txh = newTxHeader(&a.tx)
+	case canonical.OpInsert, canonical.OpUpdate, canonical.OpDelete:
+		return a.publish(TableSubject(prefix, ch.TableName()), &ch, false)
+	case canonical.OpTruncate:
+		// One message per table, on its subject, so a consumer of one table
+		// sees its truncation and no other's.
+		for _, t := range ch.Truncated {
+			one := ch
+			one.Truncated = []canonical.TableName{t}
+			if err := a.publish(TableSubject(prefix, t), &one, false); err != nil {
+				return err
+			}
+		}
+	case canonical.OpMessage:
+		// A non-transactional message belongs to no transaction: it has no
+		// commit Position to order and deduplicate it by.
+		if ch.Message.Transactional {
+			return a.publish(MessageSubject(prefix), &ch, false)
+		}
+	case canonical.OpCommit:
+		// A marker even for a transaction with nothing else to publish: the
+		// slot is acknowledged past it, so the stream must hold its end, or
+		// resuming from the stream would be behind the slot.
+		a.tx.end, a.tx.count, a.tx.prevEnd = ch.Position, a.tx.index, a.prev
+		if err := a.publish(CommitSubject(prefix), &ch, true); err != nil {
+			return err
+		}
+		// The slot is acknowledged to this commit once emit returns: only
+		// after JetStream has stored every message of the transaction.
+		for len(a.pending) > 0 {
+			if err := a.awaitOldest(); err != nil {
+				return err
+			}
+		}
+		a.last, a.prev = ch.Position, ch.Position
+	}
+	return nil
+}
+
+// publish publishes ch on subject as the open transaction's next message,
+// unless the stream holds it already.
+func (a *attempt) publish(subject string, ch *canonical.Change, marker bool) error {
+	h := a.tx
+	a.tx.index++
+	if !(msgKey{h.commit, h.index}).after(a.held) {
+		return nil
+	}
+	data, err := canonical.AppendChange(nil, ch)
+	if err != nil {
+		return fmt.Errorf("natsjs: the message for %s: %w", subject, err)
+	}
+	hdr := a.txh.header(&h, marker, a.seq)
+	size := len(data) + headerSize(hdr)
+	if int64(size) > a.maxSize {
+		return &MessageTooLargeError{Subject: subject, Commit: h.commit, Size: size, Max: a.maxSize}
+	}
+	fut, err := a.p.js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data, Header: hdr})
+	if err != nil {
+		return &publishError{op: "publish " + subject + " (" + hdr.Get(nats.MsgIdHdr) + ")", err: err}
+	}
+	a.seq++
+	a.pending = append(a.pending, pendingMsg{fut: fut, seq: a.seq, size: size, subject: subject})
+	a.pendingBytes += size
+	for len(a.pending) > a.p.cfg.MaxPending || a.pendingBytes > a.p.cfg.MaxPendingBytes {
+		if err := a.awaitOldest(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// awaitOldest waits for the oldest pending message's acknowledgement, and
+// checks that JetStream stored it where it was expected.
+func (a *attempt) awaitOldest() error {
+	m := a.pending[0]
+	a.pending = a.pending[1:]
+	a.pendingBytes -= m.size
+	op := func() string {
+		return fmt.Sprintf("publish %s (%s)", m.subject, m.fut.Msg().Header.Get(nats.MsgIdHdr))
+	}
+	select {
+	case ack := <-m.fut.Ok():
+		// A duplicate at the expected sequence is the message itself, stored
+		// by an earlier attempt whose acknowledgement was lost.
+		if ack.Stream != a.p.cfg.Stream || ack.Sequence != m.seq {
+			return &publishError{op: op(), err: fmt.Errorf("stored in stream %q at sequence %d, not %q at %d (duplicate: %t)",
+				ack.Stream, ack.Sequence, a.p.cfg.Stream, m.seq, ack.Duplicate)}
+		}
+		a.published++
+		return nil
+	case err := <-m.fut.Err():
+		return &publishError{op: op(), err: err}
+	case <-a.ctx.Done():
+		return a.ctx.Err()
+	}
+}
+
+// headerSize is the size of h on the wire (NATS/1.0 header block).
+func headerSize(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
+}

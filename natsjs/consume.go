@@ -1,0 +1,266 @@
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// ConsumeConfig says what [Consume] delivers.
+type ConsumeConfig struct {
+	// Prefix is the subject prefix the Publisher used. Defaults to
+	// [DefaultPrefix].
+	Prefix string
+	// Tables limits the changes delivered to these tables' (their
+	// truncations included); the server filters the rest out. Every
+	// transaction is still delivered, as its begin and commit, even when
+	// it changed none of them. Defaults to every table, and transactional
+	// logical decoding messages too.
+	Tables []canonical.TableName
+	// After makes Consume deliver only the transactions that end after
+	// it: the Position of the last OpCommit a consumer handled, to resume
+	// exactly after it. Defaults to zero: every transaction the stream
+	// holds.
+	After canonical.Position
+}
+
+// Consume delivers the transactions a stream written by a [Publisher]
+// holds, and those it receives next, to emit in commit order, as
+// [siphon.Conn.StreamChanges] delivers them from the slot: each
+// transaction as [canonical.OpBegin], its changes in their order,
+// [canonical.OpCommit] with the end Position, so the same handler serves
+// both. A consumer that records the Position of the last OpCommit it
+// handled and restarts with it as ConsumeConfig.After sees nothing twice
+// and misses nothing.
+//
+// It reads through an ordered consumer (created on the server, without
+// state to clean up, recreated when the connection fails over) from the
+// first message after the last transaction ending at or before After,
+// found by a binary search over the commit markers. Memory is bounded by
+// one message: a transaction is delivered as it is read, not gathered
+// whole. Row changes, truncations and messages get their transaction's
+// commit time.
+//
+// The stream's retention (MaxAge, MaxMsgs, MaxBytes) or a purge removes
+// its oldest transactions: with a zero After, Consume starts at the oldest
+// transaction the stream holds whole; with another, it refuses with a
+// [*HistoryGapError] to start when a transaction ending after After may
+// have been removed, rather than skip it.
+//
+// Consume runs until ctx is cancelled, which is the normal stop: it then
+// returns the end Position of the last transaction whose OpCommit emit
+// returned nil (After when there was none) and nil. An emit error stops it
+// and is returned wrapped; a message that is not a Publisher's, or out of
+// its place, is a [*MessageError].
+func Consume(ctx context.Context, s jetstream.Stream, cfg ConsumeConfig, emit func(canonical.Change) error) (canonical.Position, error) {
+	prefix := orDefault(cfg.Prefix)
+	if emit == nil {
+		return cfg.After, errors.New("natsjs: consume: emit is nil")
+	}
+	start, err := startSequence(ctx, s, prefix, cfg.After)
+	var gap *HistoryGapError
+	if errors.As(err, &gap) {
+		return cfg.After, err
+	}
+	if err != nil {
+		return cfg.After, stopped(ctx, fmt.Errorf("natsjs: consume: find where to start: %w", err))
+	}
+	occ := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start,
+		FilterSubjects: []string{prefix + ".>"}}
+	if cfg.Tables != nil {
+		occ.FilterSubjects = []string{CommitSubject(prefix)}
+		for _, t := range cfg.Tables {
+			occ.FilterSubjects = append(occ.FilterSubjects, TableSubject(prefix, t))
+		}
+	}
+	cons, err := s.OrderedConsumer(ctx, occ)
+	if err != nil {
+		return cfg.After, stopped(ctx, fmt.Errorf("natsjs: consume: %w", err))
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return cfg.After, stopped(ctx, fmt.Errorf("natsjs: consume: %w", err))
+	}
+	defer it.Stop()
+	tx := txReader{prefix: prefix, whole: cfg.Tables == nil, after: cfg.After, emit: emit}
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return tx.after, stopped(ctx, fmt.Errorf("natsjs: consume: %w", err))
+		}
+		if err := tx.read(msg); err != nil {
+			return tx.after, err
+		}
+	}
+}
+
+// stopped returns nil when ctx has ended (the normal stop), err otherwise.
+func stopped(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// startSequence returns the stream sequence to read from so as to deliver
+// the transactions that end after after: the one after the last commit
+// marker ending at or before it (the stream's first for a zero after).
+// Commit markers are in the order of their ends, so a binary search finds
+// it, each step reading the first marker at or after a sequence. When
+// that is the stream's oldest message and older ones were removed, it
+// checks that none the consumer has not seen was.
+func startSequence(ctx context.Context, s jetstream.Stream, prefix string, after canonical.Position) (uint64, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	first, lo, hi := max(info.State.FirstSeq, 1), max(info.State.FirstSeq, 1), info.State.LastSeq+1
+	if info.State.Msgs == 0 {
+		return hi, nil
+	}
+	for after != 0 && lo < hi {
+		mid := lo + (hi-lo)/2
+		m, ok, err := nextMarker(ctx, s, prefix, mid)
+		switch {
+		case err != nil:
+			return 0, err
+		case !ok || m.end > after:
+			hi = mid
+		default:
+			lo = m.seq + 1
+		}
+	}
+	if lo != first || first == 1 {
+		return lo, nil
+	}
+	return headStart(ctx, s, prefix, after, first, info.Config.Name)
+}
+
+// headStart returns where to start when the transactions to deliver begin
+// at the stream's oldest message first and older ones were removed
+// (retention, a purge): a zero after skips a transaction the removal cut;
+// a nonzero one is refused with a *HistoryGapError when a transaction
+// ending after it may have been removed.
+func headStart(ctx context.Context, s jetstream.Stream, prefix string, after canonical.Position, first uint64, stream string) (uint64, error) {
+	m, err := s.GetMsg(ctx, first)
+	if err != nil {
+		return 0, err
+	}
+	h, err := parseHeader(m.Header, m.Subject == CommitSubject(prefix))
+	if err != nil {
+		return 0, &MessageError{Sequence: m.Sequence, Subject: m.Subject, Err: err}
+	}
+	marker, ok, err := nextMarker(ctx, s, prefix, first)
+	switch {
+	case err != nil:
+		return 0, err
+	case h.index != 0 && after != 0:
+		return 0, &HistoryGapError{Stream: stream, After: after, Oldest: h.commit}
+	case h.index != 0 && ok:
+		return marker.seq + 1, nil
+	case after != 0 && ok && marker.prevEnd > after:
+		return 0, &HistoryGapError{Stream: stream, After: after, Oldest: h.commit}
+	}
+	return first, nil
+}
+
+// markerAt is a commit marker's place and ends.
+type markerAt struct {
+	seq          uint64
+	end, prevEnd canonical.Position
+}
+
+// nextMarker returns the first commit marker at or after seq, and whether
+// there is one.
+func nextMarker(ctx context.Context, s jetstream.Stream, prefix string, seq uint64) (markerAt, bool, error) {
+	m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(CommitSubject(prefix)))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return markerAt{}, false, nil
+	}
+	if err != nil {
+		return markerAt{}, false, err
+	}
+	h, err := parseHeader(m.Header, true)
+	if err != nil {
+		return markerAt{}, false, &MessageError{Sequence: m.Sequence, Subject: m.Subject, Err: err}
+	}
+	return markerAt{seq: m.Sequence, end: h.end, prevEnd: h.prevEnd}, true, nil
+}
+
+// txReader turns a stream's messages back into the change stream.
+type txReader struct {
+	prefix string
+	// whole is set when every subject is read: then each transaction's
+	// messages are checked to be all there, once each.
+	whole bool
+	emit  func(canonical.Change) error
+	// after is the end of the last transaction delivered.
+	after canonical.Position
+
+	open bool      // a transaction's begin was delivered
+	tx   msgHeader // its headers (index: the next index expected)
+	// delivered counts its messages delivered.
+	delivered int
+}
+
+// read delivers what msg holds.
+func (r *txReader) read(msg jetstream.Msg) error {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return fmt.Errorf("natsjs: consume: %w", err)
+	}
+	fail := func(err error) error {
+		return &MessageError{Sequence: meta.Sequence.Stream, Subject: msg.Subject(), Err: err}
+	}
+	marker := msg.Subject() == CommitSubject(r.prefix)
+	h, err := parseHeader(msg.Headers(), marker)
+	if err != nil {
+		return fail(err)
+	}
+	next := 0
+	if r.open {
+		next = r.tx.index
+	}
+	switch {
+	case r.open && h.commit != r.tx.commit:
+		return fail(fmt.Errorf("a message of the transaction committed at %v, but the one committed at %v has no commit marker", h.commit, r.tx.commit))
+	case !r.open && h.commit <= r.tx.commit:
+		return fail(fmt.Errorf("a message of the transaction committed at %v, after the one committed at %v", h.commit, r.tx.commit))
+	case h.index < next || r.whole && h.index != next:
+		return fail(fmt.Errorf("message %d of the transaction committed at %v, where message %d was expected", h.index, h.commit, next))
+	}
+	if !r.open {
+		if err := r.emit(canonical.Change{Op: canonical.OpBegin, XID: h.xid, Position: h.commit, CommitTime: h.commitTime}); err != nil {
+			return fmt.Errorf("natsjs: consume: emit: %w", err)
+		}
+		r.open, r.tx, r.delivered = true, h, 0
+	}
+	r.tx.index = h.index + 1
+	ch, err := canonical.ParseChange(msg.Data())
+	if err != nil {
+		return fail(err)
+	}
+	if marker {
+		if ch.Op != canonical.OpCommit || ch.Position != h.end {
+			return fail(fmt.Errorf("a commit marker holding a %s record at %v, not the commit at %v", ch.Op, ch.Position, h.end))
+		}
+		if r.whole && h.count != r.delivered {
+			return fail(fmt.Errorf("the transaction has %d messages, %d were read", h.count, r.delivered))
+		}
+		if err := r.emit(ch); err != nil {
+			return fmt.Errorf("natsjs: consume: emit: %w", err)
+		}
+		r.open, r.after = false, ch.Position
+		return nil
+	}
+	ch.CommitTime = h.commitTime
+	r.delivered++
+	if err := r.emit(ch); err != nil {
+		return fmt.Errorf("natsjs: consume: emit: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,116 @@
+// Package natsjs carries a siphon change stream through NATS JetStream, for
+// consumers that outgrow one process reading one replication slot: many
+// services reacting to the same changes, replays for new consumers,
+// consumers in other regions. A [Publisher] streams a slot into a
+// JetStream stream (replicated, clustered, deduplicated by message id);
+// [Consume] reads the stream back as the same change stream, whole
+// transactions in commit order. The root package siphon does not depend on
+// NATS; this one does (github.com/nats-io/nats.go).
+//
+//	nc, _ := nats.Connect(url)
+//	js, _ := jetstream.New(nc)
+//	_, err := js.CreateOrUpdateStream(ctx, natsjs.StreamConfig("SHOP", "shop"))
+//	pub, _ := natsjs.NewPublisher(nc, natsjs.Config{Stream: "SHOP", Prefix: "shop", Slot: "shop_cdc"})
+//	last, err := pub.Run(ctx, dsn)                 // until ctx is cancelled
+//
+//	stream, _ := js.Stream(ctx, "SHOP")            // elsewhere, any number of times
+//	_, err = natsjs.Consume(ctx, stream, natsjs.ConsumeConfig{Prefix: "shop", After: stored},
+//		func(ch canonical.Change) error { ... })  // as StreamChanges' emit
+//
+// # Messages
+//
+// One stream per slot, capturing Prefix+".>" (see [StreamConfig]), written
+// by that slot's Publisher alone. Each change is one message:
+//
+//   - an insert, update or delete on <prefix>.<schema>.<table> (see
+//     [TableSubject]);
+//   - a TRUNCATE as one message per truncated table, on that table's
+//     subject, each the truncation of that table alone (with the
+//     statement's CASCADE and RESTART IDENTITY);
+//   - a transactional logical decoding message (pg_logical_emit_message
+//     with transactional true) on <prefix>.message ([MessageSubject]);
+//   - after a transaction's changes, a commit marker on <prefix>.commit
+//     ([CommitSubject]).
+//
+// Non-transactional logical decoding messages are not published: they
+// belong to no transaction and have no commit Position to order and
+// deduplicate them by. Every transaction the slot delivers gets its marker,
+// even one with nothing else to publish (PostgreSQL sends none for a
+// transaction that changed no published table), so the stream's last
+// marker is never behind the slot.
+//
+// A message's body is the change as canonical JSONL (see
+// [canonical.AppendChange]): the lines a siphon JSONL stream holds for it,
+// that is, for a row change, the table record giving its columns and the
+// change record; for a marker, the commit record, whose "position" is the
+// transaction's end Position. So each message reads on its own with
+// [canonical.ParseChange]. Its headers: Nats-Msg-Id (see [MsgID]),
+// [HeaderSystemID], [HeaderSlot], [HeaderXID], [HeaderCommit] (the commit
+// Position), [HeaderCommitTime], [HeaderIndex] (its place in the
+// transaction), and on a marker [HeaderEnd], [HeaderCount] and
+// [HeaderPrevEnd].
+//
+// Subject tokens are names escaped reversibly ([SubjectToken]): ASCII
+// letters, digits, '-' and '_' stand for themselves, every other byte is
+// '%' and two upper-case hexadecimal digits, so any table name (quotes,
+// spaces, dots, Unicode) makes a valid subject, public."Order Items" is
+// <prefix>.public.Order%20Items, and a table's subject never collides with
+// another's or with commit and message, which have one token where tables
+// have two. <prefix>.*.* reads every table, <prefix>.> everything.
+//
+// # Ordering
+//
+// The stream holds the messages in commit order: the transactions in the
+// order of their commits, each transaction's messages in the order of its
+// changes, then its marker, the transactions never interleaved. So the
+// stream sequence is the global commit order across all subjects, and on
+// any one subject (or set of subjects read by one consumer) the messages
+// are in commit order too. Consumers that read in parallel (several pull
+// consumers sharing a durable, a work queue) give up that order across
+// their messages, as with any JetStream stream.
+//
+// # Transactions
+//
+// Every message of a transaction carries its commit Position and its index
+// (0, 1, 2, ...), and the marker comes last, with the number of messages
+// before it. A consumer that reads only some subjects recognises a
+// transaction's end by its marker, even when the transaction changed none
+// of its tables: it filters on its tables' subjects and <prefix>.commit.
+// [Consume] does this and delivers OpBegin, the changes, OpCommit, as
+// siphon.Conn.StreamChanges does; reading every subject it also checks
+// that each transaction is whole.
+//
+// # Exactly once
+//
+// The slot is acknowledged to a transaction's end only once JetStream has
+// acknowledged every one of its messages: they are published
+// asynchronously, at most Config.MaxPending (and Config.MaxPendingBytes)
+// unacknowledged at a time, so memory stays bounded however large a
+// transaction is, and all are waited for at the commit. Each message
+// expects the stream's last sequence to be the one before it
+// (Nats-Expected-Last-Sequence): if one is lost (a leader change, a node
+// stopped, a connection cut), every later one is refused, so the stream
+// never holds a gap or a reordering.
+//
+// A Publisher (re)starts from what the stream holds, not from a position
+// kept elsewhere: after the last transaction whose marker it holds, and,
+// when the stream ends inside a transaction (a publisher killed half way
+// through), it streams that transaction again without publishing the
+// messages the stream holds of it. The Nats-Msg-Id, derived from the
+// system identifier, the slot, the commit Position and the index, is the
+// same each time a transaction is read, so JetStream also drops a message
+// it already holds when one is sent twice (an acknowledgement lost, a
+// straggler from a stopped attempt), but only within the stream's
+// duplicate window (Duplicates, two minutes by default): a replay of
+// messages older than that would be stored twice. Resuming from the
+// stream's own last message is what keeps the Publisher independent of
+// the window, whatever time passes between a crash and the restart.
+//
+// On the consuming side, a consumer that records the end Position of the
+// last transaction it handled, and resumes with it ([ConsumeConfig.After]),
+// handles each transaction once, exactly as with StreamChanges. The
+// stream's retention (MaxAge, MaxMsgs, MaxBytes) bounds how long a consumer
+// may stay away: one resuming after a Position older than what the stream
+// still holds gets a [*HistoryGapError] (each marker names the end of the
+// transaction before it, so Consume can tell), never a silent skip.
+package natsjs

@@ -1,0 +1,97 @@
+package natsjs
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// resume reads where the stream stands and returns the Position to stream
+// the slot from: the end of the last transaction whose commit marker the
+// stream holds (Config.From when it holds none). When the stream ends
+// inside a transaction, that transaction is streamed again and the
+// messages the stream holds of it are not published again (a.held).
+//
+// This does not depend on JetStream's duplicate window: a transaction left
+// half published for longer than the window is still completed without a
+// duplicate.
+func (a *attempt) resume() (canonical.Position, error) {
+	name, prefix := a.p.cfg.Stream, a.p.cfg.Prefix
+	s, err := a.p.js.Stream(a.ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, &StreamMismatchError{Stream: name, Problem: "it does not exist: create it first (see StreamConfig)"}
+	}
+	if err != nil {
+		return 0, &publishError{op: "read stream " + name, err: err}
+	}
+	info := s.CachedInfo()
+	if want := []string{prefix + ".>"}; !slices.Equal(info.Config.Subjects, want) {
+		return 0, &StreamMismatchError{Stream: name, Problem: fmt.Sprintf("it captures %q, not exactly %q", info.Config.Subjects, want)}
+	}
+	a.maxSize = a.p.nc.MaxPayload()
+	if m := int64(info.Config.MaxMsgSize); m > 0 && m < a.maxSize {
+		a.maxSize = m
+	}
+	a.seq = info.State.LastSeq
+	a.prev = a.p.cfg.From
+	if info.State.Msgs == 0 {
+		return a.prev, nil
+	}
+	last, ok, err := a.lastMessage(s, prefix+".>")
+	if err != nil || !ok {
+		return a.prev, err
+	}
+	// Messages may have been stored since the stream's state was read.
+	a.seq = max(a.seq, last.Sequence)
+	marker := last.Subject == CommitSubject(prefix)
+	h, err := a.ownHeader(last, marker)
+	if err != nil {
+		return 0, err
+	}
+	a.held = msgKey{h.commit, h.index}
+	if marker {
+		a.last, a.prev = h.end, h.end
+		return h.end, nil
+	}
+	m, ok, err := a.lastMessage(s, CommitSubject(prefix))
+	if err != nil || !ok {
+		return a.prev, err
+	}
+	if h, err = a.ownHeader(m, true); err != nil {
+		return 0, err
+	}
+	a.last, a.prev = h.end, h.end
+	return h.end, nil
+}
+
+// lastMessage returns the stream's last message on subject, and whether
+// there is one.
+func (a *attempt) lastMessage(s jetstream.Stream, subject string) (*jetstream.RawStreamMsg, bool, error) {
+	m, err := s.GetLastMsgForSubject(a.ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, &publishError{op: fmt.Sprintf("read the last message on %s of stream %s", subject, a.p.cfg.Stream), err: err}
+	}
+	return m, true, nil
+}
+
+// ownHeader reads m's headers and checks that the message is this slot's.
+func (a *attempt) ownHeader(m *jetstream.RawStreamMsg, marker bool) (msgHeader, error) {
+	h, err := parseHeader(m.Header, marker)
+	name := a.p.cfg.Stream
+	if err != nil {
+		return h, &StreamMismatchError{Stream: name, Problem: fmt.Sprintf("message %d (%s): %v", m.Sequence, m.Subject, err)}
+	}
+	if h.systemID != a.systemID || h.slot != a.p.cfg.Slot {
+		return h, &StreamMismatchError{Stream: name, Problem: fmt.Sprintf(
+			"message %d comes from system %s, slot %q, not system %s, slot %q: give each slot a stream of its own",
+			m.Sequence, h.systemID, h.slot, a.systemID, a.p.cfg.Slot)}
+	}
+	return h, nil
+}
