@@ -15,6 +15,15 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
+// skipUnlessDumpClients skips a test that takes, restores or verifies
+// pg_dump backups when this machine's pg_dump or pg_restore is of an older
+// release than the test server (the tests run on every supported release;
+// the client programs may be older).
+func skipUnlessDumpClients(t *testing.T) {
+	t.Helper()
+	siphontest.Start(t).SkipUnlessDumpClients(t)
+}
+
 // serverRelease returns the test server's major release: 16 for 16.4.
 func serverRelease(t *testing.T) int {
 	t.Helper()
