@@ -262,10 +262,9 @@ func (h warnAndAbove) WithGroup(string) slog.Handler { return h }
 // replication origins (not by [Conn.ApplyChange], which sets up none), or by
 // a PostgreSQL subscription. Two databases that feed each other through
 // siphon need it on both sides, or every change comes back to where it
-// started. It
-// is pgoutput's origin 'none' and needs PostgreSQL 16 or later: on an older
-// server streaming fails with an [*OptionError]. Defaults to off: changes are
-// streamed whatever their origin.
+// started. It is pgoutput's origin 'none' and needs PostgreSQL 16 or later:
+// on an older server streaming fails with an [*OptionError]. Defaults to
+// off: changes are streamed whatever their origin.
 func WithLocalChangesOnly() Option { return func(o *options) { o.localOnly = true } }
 
 // WithFailoverSlot makes siphon create the persistent slot ([WithSlot]) as a
