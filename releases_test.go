@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -143,4 +144,30 @@ func insertedIDs(t *testing.T, changes []canonical.Change) []string {
 		}
 	}
 	return ids
+}
+
+// TestIdleSlotTimeoutMakesALostSlot runs a server whose
+// idle_replication_slot_timeout (PostgreSQL 18) invalidates slots idle for
+// a second: a stream from the invalidated slot is a *ResumeGapError saying
+// the slot is lost, not a silent start somewhere else.
+func TestIdleSlotTimeoutMakesALostSlot(t *testing.T) {
+	t.Parallel()
+	siphontest.Start(t).SkipUnlessRelease(t, 18)
+	srv := siphontest.Start(t, siphontest.WithPrivateServer(), siphontest.WithSetting("idle_replication_slot_timeout", "1"))
+	dsn := srv.NewDatabase(t)
+	admin := connectOrFail(t, dsn)
+	execSQL(t, admin, `CREATE TABLE t (id int PRIMARY KEY)`)
+	c, slot, from := streamConnAt(t, dsn)
+	require.Eventually(t, func() bool {
+		var reason *string
+		execSQL(t, admin, "CHECKPOINT") // where idle slots are invalidated
+		require.NoError(t, admin.QueryRow(context.Background(),
+			"SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&reason))
+		return reason != nil && *reason == "idle_timeout"
+	}, 30*time.Second, 100*time.Millisecond, "the idle slot invalidated")
+
+	_, err := c.StreamChanges(context.Background(), from, func(canonical.Change) error { return nil })
+	var gap *siphon.ResumeGapError
+	require.True(t, errors.As(err, &gap), "a *ResumeGapError, got %v", err)
+	assert.Equal(t, siphon.GapSlotLost, gap.Reason)
 }
