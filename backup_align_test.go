@@ -109,6 +109,7 @@ func (p *pausingWriter) Write(b []byte) (int, error) {
 // the digests differ.
 func TestBackupAlignsWithTheFirstIncremental(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src,
 		`CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, updates int NOT NULL)`,

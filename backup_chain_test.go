@@ -119,6 +119,7 @@ func ticksOf(t *testing.T, conn *pgx.Conn) []int {
 
 func TestRestoreChainInFull(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	f := newChainFixture(t)
 	dsn, c, dst := restoreTarget(t)
 	ctx := context.Background()
@@ -139,6 +140,7 @@ func TestRestoreChainInFull(t *testing.T) {
 
 func TestRestoreChainToAPosition(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	f := newChainFixture(t)
 	for _, k := range []int{0, 2, 5, 6} { // before, inside the first incremental, inside the second, at the end
 		t.Run(fmt.Sprintf("after tick %d", k), func(t *testing.T) {
@@ -166,6 +168,7 @@ func TestRestoreChainToAPosition(t *testing.T) {
 
 func TestRestoreChainToATime(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	f := newChainFixture(t)
 	dsn, c, dst := restoreTarget(t)
 	pos, err := c.RestoreChain(context.Background(), siphon.RestoreChainOptions{TargetTime: f.after[4].at},
@@ -181,6 +184,7 @@ func TestRestoreChainToATime(t *testing.T) {
 
 func TestRestoreChainRefusesABrokenChain(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	f := newChainFixture(t)
 	for _, tc := range []struct {
 		name  string
@@ -211,6 +215,7 @@ func TestRestoreChainRefusesABrokenChain(t *testing.T) {
 
 func TestRestoreChainRefusesATargetBeforeTheBase(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	f := newChainFixture(t)
 	_, c, dst := restoreTarget(t)
 	_, err := c.RestoreChain(context.Background(), siphon.RestoreChainOptions{TargetPosition: 1},

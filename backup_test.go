@@ -146,6 +146,7 @@ func fingerprint(t *testing.T, conn *pgx.Conn) string {
 
 func TestBackupVerifyRestoreRoundTrip(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, typeClassesSchema...)
 	c, slot := backupConn(t, dsn)
@@ -190,6 +191,7 @@ func TestBackupVerifyRestoreRoundTrip(t *testing.T) {
 
 func TestBackupInParallelJobs(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, typeClassesSchema...)
 	c, _ := backupConn(t, dsn)
@@ -223,6 +225,7 @@ func assertEmptyDir(t *testing.T, dir string) {
 
 func TestBackupSelectsTables(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, `CREATE SCHEMA "Odd Schema"`, `CREATE SCHEMA other`,
 		`CREATE TABLE "Odd Schema"."Keep *Me?" AS SELECT 1 AS x`, `CREATE TABLE "Odd Schema"."Keep xMe?" AS SELECT 2 AS x`,
@@ -267,6 +270,7 @@ func TestBackupRefusesSerializableDeferrable(t *testing.T) {
 
 func TestBackupCompression(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, `CREATE TABLE t AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 2000) g`)
 	c, _ := backupConn(t, dsn)
@@ -285,6 +289,7 @@ func TestBackupCompression(t *testing.T) {
 
 func TestBackupBaseSlotRecordsItsWALRange(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, `CREATE TABLE t AS SELECT 1 AS x`)
 	c, _ := backupConn(t, dsn)
@@ -310,6 +315,7 @@ func TestBackupBaseSlotRecordsItsWALRange(t *testing.T) {
 
 func TestRestoreTargets(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, `CREATE TABLE t (id int PRIMARY KEY, v text)`, `INSERT INTO t VALUES (1, 'one'), (2, 'two')`)
 	c, _ := backupConn(t, dsn)
@@ -366,6 +372,7 @@ func TestRestoreRefusesOtherKinds(t *testing.T) {
 
 func TestBackupWriterErrorIsReturned(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, `CREATE TABLE t AS SELECT g FROM generate_series(1, 1000) g`)
 	c, slot := backupConn(t, dsn)

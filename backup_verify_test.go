@@ -42,6 +42,7 @@ func untouched(t *testing.T, conn *pgx.Conn) {
 
 func TestVerifyAndRestoreRefuseBadStreams(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, `CREATE TYPE mood AS ENUM ('ok')`, `CREATE SCHEMA s`,
 		`CREATE TABLE s.t AS SELECT g AS id, md5(g::text) || md5((-g)::text) AS body FROM generate_series(1, 8000) g`)
@@ -159,6 +160,7 @@ func (b *blockAfterHeader) Write(p []byte) (int, error) {
 
 func TestBackupCancelLeavesNothing(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	for _, jobs := range []int{0, 2} {
 		t.Run(fmt.Sprintf("jobs=%d", jobs), func(t *testing.T) {
 			t.Parallel()
@@ -193,6 +195,7 @@ func TestBackupCancelLeavesNothing(t *testing.T) {
 
 func TestBackupPasswordNeverInArgv(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, admin := newDatabase(t)
 	const password = "Backup-pw-73125"
 	role := fmt.Sprintf("backup_role_%d", time.Now().UnixNano())
@@ -285,6 +288,7 @@ func incremental(t *testing.T, systemID string, timeline uint32, start, end cano
 
 func TestVerifyChainChecksContiguity(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, src := newDatabase(t)
 	execSQL(t, src, `CREATE TABLE t AS SELECT 1 AS x`)
 	c, _ := backupConn(t, dsn)

@@ -72,6 +72,7 @@ var backupKillModes = []backupKillMode{
 // SweepOrphanSlots would drop those of other tests.
 func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	ctx := context.Background()
 	rounds := envInt(t, "SIPHON_BACKUP_KILL_ROUNDS", 5)
 	srv := siphontest.Start(t, siphontest.WithPrivateServer())
@@ -452,6 +453,7 @@ const (
 // for a lock the test holds until after the kill.
 func TestKillRestoreLeavesNothing(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	ctx := context.Background()
 	rounds := envInt(t, "SIPHON_RESTORE_KILL_ROUNDS", 4)
 	srcDSN, src := newDatabase(t)

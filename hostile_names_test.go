@@ -63,6 +63,7 @@ var hostileChanges = []string{
 // names that could not be used safely are refused up front.
 func TestHostileNamesGoThroughEveryPath(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srcDSN, srcConn := newDatabase(t)

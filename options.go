@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/pgdump"
 )
 
 // Option configures a [Conn]. Options are checked by [Connect], which returns
@@ -26,6 +27,8 @@ type options struct {
 	heartbeat      time.Duration
 	progress       func(Progress)
 	copySessions   int
+	localOnly      bool // WithLocalChangesOnly
+	failover       bool // WithFailoverSlot
 	// triggersOnApply: apply as an ordinary session (WithTriggersOnApply).
 	triggersOnApply bool
 	// uncheckedStreams: accept canonical streams without checksums.
@@ -344,3 +347,35 @@ func (h warnAndAbove) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 
 func (h warnAndAbove) WithGroup(string) slog.Handler { return h }
+
+// WithLocalChangesOnly makes streaming deliver only the changes made on the
+// server itself, leaving out those applied by a session with a replication
+// origin set up: by [Conn.ConsumeCanonical] when its role may use
+// replication origins (not by [Conn.ApplyChange], which sets up none), or by
+// a PostgreSQL subscription. Two databases that feed each other through
+// siphon need it on both sides, or every change comes back to where it
+// started. It is pgoutput's origin 'none' and needs PostgreSQL 16 or later:
+// on an older server streaming fails with an [*OptionError]. Defaults to
+// off: changes are streamed whatever their origin.
+func WithLocalChangesOnly() Option { return func(o *options) { o.localOnly = true } }
+
+// WithFailoverSlot makes siphon create the persistent slot ([WithSlot]) as a
+// failover slot: a physical standby that synchronizes slots
+// (sync_replication_slots = on) keeps a copy of it, so streaming can go on
+// from the standby once it is promoted. It takes effect when the slot is
+// created; an existing slot keeps what it has (pg_replication_slots.failover
+// shows it). It needs PostgreSQL 17 or later: on an older server creating
+// the slot fails with an [*OptionError]. Defaults to off: the slot lives on
+// the primary only.
+func WithFailoverSlot() Option { return func(o *options) { o.failover = true } }
+
+// needRelease returns an [*OptionError] when server is of an older major
+// release than release, the first that has what option asks for.
+func needRelease(option string, release int, server pgdump.Version) error {
+	if server.Major >= release {
+		return nil
+	}
+	return &OptionError{Option: option,
+		Problem: fmt.Sprintf("needs PostgreSQL %d or later; the server runs %s", release, server),
+		Fix:     fmt.Sprintf("upgrade the server to PostgreSQL %d or later, or leave the option out", release)}
+}

@@ -176,6 +176,7 @@ func TestDSNSettingsReachEverySession(t *testing.T) {
 
 			var dump bytes.Buffer
 			t.Run("Backup", func(t *testing.T) {
+				skipUnlessDumpClients(t)
 				w := &blockAfterHeader{ctx: ctx, blocked: make(chan struct{}), release: make(chan struct{})}
 				done := make(chan error, 1)
 				go func() { done <- c.Backup(ctx, siphon.BackupOptions{}, &teeWriter{w, &dump}) }()
@@ -191,6 +192,7 @@ func TestDSNSettingsReachEverySession(t *testing.T) {
 			})
 
 			t.Run("Restore", func(t *testing.T) {
+				skipUnlessDumpClients(t)
 				// The target holds t, locked: pg_restore --clean waits to drop
 				// its constraint, then it.
 				tgt := connectOrFail(t, tgtDSN)
@@ -249,6 +251,7 @@ func TestDSNSettingsReachEverySession(t *testing.T) {
 // to create anything, as psql would.
 func TestDSNOptionsReachPgRestore(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	srv := tlsServer(t)
 	ctx := context.Background()
 	srcDSN, tgtDSN := srv.NewDatabase(t), srv.NewDatabase(t)

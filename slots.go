@@ -175,13 +175,17 @@ func listSep(i int, first string) string {
 
 // slotSpec says which slot to create.
 type slotSpec struct {
-	name   string
-	export bool // a temporary slot exporting a snapshot, its session kept open
+	name     string
+	export   bool // a temporary slot exporting a snapshot, its session kept open
+	failover bool // a persistent slot that standbys synchronize (PostgreSQL 17+)
 }
 
 func (s slotSpec) command() string {
 	if s.export {
 		return "CREATE_REPLICATION_SLOT " + quoteIdent(s.name) + " TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
+	}
+	if s.failover {
+		return "CREATE_REPLICATION_SLOT " + quoteIdent(s.name) + " LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)"
 	}
 	return "CREATE_REPLICATION_SLOT " + quoteIdent(s.name) + " LOGICAL pgoutput (SNAPSHOT 'nothing')"
 }
@@ -213,6 +217,10 @@ type slotCreated struct {
 // A slot of that name that is not a pgoutput slot of this database is an
 // error.
 func (c *Conn) ensureSlot(ctx context.Context) (slotCreated, error) {
+	spec, err := c.persistentSlotSpec(ctx)
+	if err != nil {
+		return slotCreated{}, err
+	}
 	if err := c.ensurePublication(ctx); err != nil {
 		return slotCreated{}, err
 	}
@@ -220,7 +228,7 @@ func (c *Conn) ensureSlot(ctx context.Context) (slotCreated, error) {
 	if err != nil || exists {
 		return slotCreated{}, wrapSlotErr("create slot", c.opts.slot, err)
 	}
-	s, err := c.createSlot(ctx, slotSpec{name: c.opts.slot})
+	s, err := c.createSlot(ctx, spec)
 	if err != nil {
 		return slotCreated{}, wrapSlotErr("create slot", c.opts.slot, err)
 	}
@@ -229,6 +237,20 @@ func (c *Conn) ensureSlot(ctx context.Context) (slotCreated, error) {
 	}
 	c.log.Info("replication slot created", "slot", c.opts.slot, "consistent_point", s.point, "attempts", s.attempts)
 	return slotCreated{Created: true, ConsistentPoint: s.point}, nil
+}
+
+// persistentSlotSpec says how to create the persistent slot: as a
+// failover slot with WithFailoverSlot, which a server older than 17 refuses.
+func (c *Conn) persistentSlotSpec(ctx context.Context) (slotSpec, error) {
+	spec := slotSpec{name: c.opts.slot, failover: c.opts.failover}
+	if !spec.failover {
+		return spec, nil
+	}
+	server, err := c.serverVersion(ctx)
+	if err != nil {
+		return spec, wrapSlotErr("create slot", spec.name, fmt.Errorf("server version: %w", err))
+	}
+	return spec, needRelease("WithFailoverSlot", 17, server)
 }
 
 // snapshotSlot is a temporary logical slot whose replication session stays

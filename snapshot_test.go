@@ -786,6 +786,7 @@ func TestSnapshotDDLQueuedDuringParallelCopy(t *testing.T) {
 // pg_dump --snapshot=Name() dumps exactly what the snapshot holds.
 func TestSnapshotNameForPgDump(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, `CREATE TABLE t (id int PRIMARY KEY)`, `INSERT INTO t SELECT generate_series(1, 5)`)
 	c, slot := snapConnect(t, dsn)

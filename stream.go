@@ -15,6 +15,7 @@ import (
 
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/pgoutput"
+	"github.com/siphondb/siphon/pgdump"
 )
 
 // ErrStreamInterrupted is matched (errors.Is) by every [*StreamInterruptedError].
@@ -382,6 +383,10 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		return setupFailed(ctx, res, err, res.resume)
 	}
 	defer c.closeReplication(conn)
+	args, err := c.pluginArgs(ctx, conn) // before onStart, which may write a header
+	if err != nil {
+		return setupFailed(ctx, res, err, res.resume)
+	}
 	if cfg.onStart != nil {
 		info, err := identifySource(ctx, conn)
 		if err != nil {
@@ -391,18 +396,36 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 			return res, err
 		}
 	}
-	publications, err := c.publicationNames(ctx)
-	if err != nil {
-		return setupFailed(ctx, res, err, res.resume)
-	}
 	err = pglogrepl.StartReplication(ctx, conn, c.opts.slot, pglogrepl.LSN(cfg.from), pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + publications + "'", "messages 'true'"},
+		PluginArgs: args,
 	})
 	if err != nil {
 		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.resume)
 	}
 	c.log.Info("stream started", "slot", c.opts.slot, "from", cfg.from, "slot_position", slot.confirmed)
 	return c.run(ctx, conn, sock, st, timeout)
+}
+
+// pluginArgs returns pgoutput's arguments for the replication session
+// conn: protocol 1, the publications, logical decoding messages, and with
+// WithLocalChangesOnly origin 'none', which a server older than 16 refuses.
+func (c *Conn) pluginArgs(ctx context.Context, conn *pgconn.PgConn) ([]string, error) {
+	publications, err := c.publicationNames(ctx)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"proto_version '1'", "publication_names '" + publications + "'", "messages 'true'"}
+	if !c.opts.localOnly {
+		return args, nil
+	}
+	server, err := pgdump.ParseVersion(conn.ParameterStatus("server_version"))
+	if err != nil {
+		return nil, fmt.Errorf("siphon: stream changes: server version: %w", err)
+	}
+	if err := needRelease("WithLocalChangesOnly", 16, server); err != nil {
+		return nil, err
+	}
+	return append(args, "origin 'none'"), nil
 }
 
 // closeReplication closes a replication session and waits (briefly) until

@@ -13,8 +13,10 @@
 //  1. SIPHON_TEST_DSN, when set: that server is used as it is (it must run
 //     with wal_level=logical and the role must be allowed to create
 //     databases and use replication);
-//  2. local PostgreSQL server binaries (initdb and postgres, on PATH or
-//     under /usr/lib/postgresql/*/bin): a throwaway cluster in a temporary
+//  2. local PostgreSQL server binaries (initdb and postgres: those of the
+//     directory SIPHON_TEST_SERVER_BIN or [WithServerBin] names, to test on
+//     another release, else those on PATH or under
+//     /usr/lib/postgresql/*/bin): a throwaway cluster in a temporary
 //     directory on a free loopback port, with fsync off. When the test runs
 //     as root the server runs as the unprivileged "postgres" user (or
 //     "nobody"), since PostgreSQL refuses to run as root. The superuser
@@ -48,6 +50,11 @@
 // restarted ([Server.Restart], a fast shutdown as pg_ctl restart -m fast)
 // to test how code copes with a server going away, and can accept SSL
 // ([WithTLS]).
+//
+// Tests of what a PostgreSQL release brought skip on older servers with
+// [Server.SkipUnlessRelease]; tests of pg_dump backups skip with
+// [Server.SkipUnlessDumpClients] where this machine's pg_dump is older than
+// the server, which it refuses to dump.
 //
 // [Launch] starts a server outside tests (the examples use it to run on an
 // embedded throwaway PostgreSQL); its caller closes it.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -23,9 +24,18 @@ type serverBinaries struct {
 	initdb, postgres string
 }
 
-// findServerBinaries looks for initdb on PATH, then under
+// findServerBinaries returns the initdb and postgres of dir when dir is
+// set; otherwise it looks for initdb on PATH, then under
 // /usr/lib/postgresql/*/bin, newest version first.
-func findServerBinaries() (serverBinaries, error) {
+func findServerBinaries(dir string) (serverBinaries, error) {
+	if dir != "" {
+		bin := serverBinaries{initdb: filepath.Join(dir, "initdb"), postgres: filepath.Join(dir, "postgres")}
+		if !isExecutable(bin.initdb) || !isExecutable(bin.postgres) {
+			return serverBinaries{}, fmt.Errorf("siphontest: no executable initdb and postgres in %s (WithServerBin or %s): "+
+				"name the bin directory of a PostgreSQL installation", dir, EnvServerBin)
+		}
+		return bin, nil
+	}
 	if initdb, err := exec.LookPath("initdb"); err == nil {
 		postgres := filepath.Join(filepath.Dir(initdb), "postgres")
 		if _, err := os.Stat(postgres); err != nil {
@@ -85,6 +95,10 @@ func launchLocal(ctx context.Context, bin serverBinaries, cfg config) (srv *Serv
 	initdb.Dir = dir
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
 	if out, err := initdb.CombinedOutput(); err != nil {
+		if cred != nil && errors.Is(err, fs.ErrPermission) {
+			return nil, fmt.Errorf("siphontest: initdb: %w: the server runs as uid %d, which must be able to read and execute "+
+				"%s, every directory above it and the libraries beside it (chmod -R a+rX)", err, cred.Uid, filepath.Dir(bin.initdb))
+		}
 		return nil, fmt.Errorf("siphontest: initdb: %w: %s", err, lastLines(out, 20))
 	}
 	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hbaConf), 0o600); err != nil {

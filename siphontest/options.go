@@ -1,6 +1,7 @@
 package siphontest
 
 import (
+	"os"
 	"sort"
 	"time"
 )
@@ -13,11 +14,13 @@ type config struct {
 	tls          bool
 	settings     map[string]string
 	startTimeout time.Duration
+	serverBin    string // a directory holding initdb and postgres; "" searches
 }
 
 func newConfig(opts []Option) config {
 	cfg := config{
 		startTimeout: 2 * time.Minute,
+		serverBin:    os.Getenv(EnvServerBin),
 		settings: map[string]string{
 			"wal_level":             "logical",
 			"max_replication_slots": "64",
@@ -62,6 +65,19 @@ func WithTLS() Option { return func(c *config) { c.tls = true } }
 // WithStartTimeout bounds how long starting a server may take. Defaults to
 // 2 minutes.
 func WithStartTimeout(d time.Duration) Option { return func(c *config) { c.startTimeout = d } }
+
+// WithServerBin names the directory holding the initdb and postgres
+// binaries of the server that siphontest starts, instead of the search on
+// PATH and under /usr/lib/postgresql/*/bin: to test on another PostgreSQL
+// release than the one installed. Without initdb and postgres there, starting
+// fails (it never falls back to other binaries). When the test runs as root,
+// the unprivileged user the server runs as must be able to read and execute
+// the directory, its parents and the libraries beside it. Combine it with
+// [WithPrivateServer] in tests, since the shared server is started once with
+// the options of its first caller. Ignored for SIPHON_TEST_DSN. Defaults to
+// the directory SIPHON_TEST_SERVER_BIN names ([EnvServerBin]), or when that
+// is unset, the search.
+func WithServerBin(dir string) Option { return func(c *config) { c.serverBin = dir } }
 
 // sortedSettings returns the settings as "name=value", sorted by name.
 func (c config) sortedSettings() []string {

@@ -19,6 +19,12 @@ import (
 // server instead of starting one.
 const EnvDSN = "SIPHON_TEST_DSN"
 
+// EnvServerBin names the environment variable that names a directory of
+// PostgreSQL server binaries (initdb and postgres) for siphontest to run,
+// instead of those it finds on PATH or under /usr/lib/postgresql/*/bin: the
+// default of [WithServerBin].
+const EnvServerBin = "SIPHON_TEST_SERVER_BIN"
+
 // ErrNoServer is returned by [Launch] when no way to get a server is
 // available: no SIPHON_TEST_DSN, no local server binaries, no Docker engine.
 var ErrNoServer = errors.New("siphontest: no PostgreSQL server available: set " + EnvDSN +
@@ -148,9 +154,12 @@ func Launch(ctx context.Context, opts ...Option) (*Server, error) {
 		srv.source = "env"
 		return srv, nil
 	}
-	bin, err := findServerBinaries()
+	bin, err := findServerBinaries(cfg.serverBin)
 	if err == nil {
 		return launchLocal(ctx, bin, cfg)
+	}
+	if cfg.serverBin != "" { // binaries asked for by name: never others instead
+		return nil, err
 	}
 	srv, dockerErr := launchDocker(ctx, cfg)
 	if dockerErr == nil {

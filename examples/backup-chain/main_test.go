@@ -19,6 +19,7 @@ func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
 // an embedded throwaway PostgreSQL (SIPHON_DSN unset).
 func TestBackupChain(t *testing.T) {
 	siphontest.Start(t) // skips or fails like the other tests when no server can be had
+	siphontest.Start(t).SkipUnlessDumpClients(t)
 	t.Setenv("SIPHON_DSN", "")
 	var out bytes.Buffer
 	require.NoError(t, run(context.Background(), &out))
@@ -31,6 +32,7 @@ func TestBackupChain(t *testing.T) {
 // server, and checks it leaves no slot behind there: a forgotten base slot
 // would pin WAL forever.
 func TestBackupChainOnYourServer(t *testing.T) {
+	siphontest.Start(t).SkipUnlessDumpClients(t)
 	dsn := siphontest.Start(t).NewDatabase(t)
 	t.Setenv("SIPHON_DSN", dsn)
 	var out bytes.Buffer

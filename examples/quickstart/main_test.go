@@ -19,6 +19,7 @@ func TestMain(m *testing.M) { siphontest.Main(m, siphontest.CheckLeaks()) }
 // embedded throwaway PostgreSQL (SIPHON_DSN unset).
 func TestQuickstart(t *testing.T) {
 	siphontest.Start(t) // skips or fails like the other tests when no server can be had
+	siphontest.Start(t).SkipUnlessDumpClients(t)
 	t.Setenv("SIPHON_DSN", "")
 	var out bytes.Buffer
 	require.NoError(t, run(context.Background(), &out))
@@ -30,6 +31,7 @@ func TestQuickstart(t *testing.T) {
 // TestQuickstartOnYourDatabase runs the tour with SIPHON_DSN set, in a
 // database of the test server, and checks it leaves nothing behind there.
 func TestQuickstartOnYourDatabase(t *testing.T) {
+	siphontest.Start(t).SkipUnlessDumpClients(t)
 	dsn := siphontest.Start(t).NewDatabase(t)
 	t.Setenv("SIPHON_DSN", dsn)
 	var out bytes.Buffer
