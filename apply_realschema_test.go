@@ -200,20 +200,18 @@ func applyStream(t *testing.T, c *siphon.Conn, pos canonical.Position, target *s
 	return st
 }
 
-// TestRealSchemaEveryPath drives the shop's workload through every path
-// into targets that have the shop's triggers and foreign keys: snapshot
-// into ConsumeCanonical, the stream into ApplyChange, Backup and Restore
-// then incrementals into ConsumeCanonical, and RestoreChain. After each,
-// the target equals the source table by table: its triggers did not stamp
-// or audit the applied rows, its cascades did not delete what the source's
-// own deletes remove, and TRUNCATE ... CASCADE emptied the same tables.
-// The target's ENABLE REPLICA trigger fired for every customer applied.
-func TestRealSchemaEveryPath(t *testing.T) {
+// TestRealSchemaSnapshotAndStream drives the shop's workload through the
+// snapshot into ConsumeCanonical, then the stream into ApplyChange, into a
+// target that has the shop's triggers and foreign keys. After each, the
+// target equals the source table by table: its triggers did not stamp or
+// audit the applied rows, its cascades did not delete what the source's own
+// deletes remove, and TRUNCATE ... CASCADE emptied the same tables. The
+// target's ENABLE REPLICA trigger fired for every customer applied.
+func TestRealSchemaSnapshotAndStream(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	src, c, slot := realShopSource(t)
 
-	// Snapshot into ConsumeCanonical.
 	dstDSN, dst := realShopTarget(t)
 	target, err := siphon.Connect(ctx, dstDSN)
 	require.NoError(t, err)
@@ -225,8 +223,7 @@ func TestRealSchemaEveryPath(t *testing.T) {
 	assertSameAsSource(t, src, dst, "after the snapshot")
 	customers := count(t, dst, `SELECT count(*) FROM customers`)
 	assert.Equal(t, customers, count(t, dst, `SELECT n FROM replica_seen`), "the ENABLE REPLICA trigger fired for each customer loaded")
-	systemID := systemIdentifier(t, src)
-	forgetAppliedPosition(t, dstDSN, systemID, slot)
+	forgetAppliedPosition(t, dstDSN, systemIdentifier(t, src), slot)
 
 	// The stream into ApplyChange, with TRUNCATE ... CASCADE in round 3.
 	for k := 2; k <= 4; k++ {
@@ -240,9 +237,19 @@ func TestRealSchemaEveryPath(t *testing.T) {
 	assert.Equal(t, []int{3, 4}, stats.truncates, "TRUNCATE orders CASCADE (two partitions and the lines), TRUNCATE customers CASCADE")
 	assert.Positive(t, stats.moves, "updates moved orders between partitions")
 	t.Logf("snapshot of %d bytes, %d changes streamed (%d transactions moving orders)", snap.Len(), stats.changes, stats.moves)
+}
 
-	// Backup, Restore, then incrementals.
-	base := backup(t, c, siphon.BackupOptions{})
+// TestRealSchemaBackupChain drives the shop's workload through a full
+// backup restored with Restore, then incrementals consumed by hand, and
+// through RestoreChain: the restored targets have the shop's triggers and
+// foreign keys (Restore made them), and each ends equal to the source.
+func TestRealSchemaBackupChain(t *testing.T) {
+	t.Parallel()
+	skipUnlessDumpClients(t)
+	ctx := context.Background()
+	src, c, slot := realShopSource(t)
+	systemID := systemIdentifier(t, src)
+	base := backup(t, c, siphon.BackupOptions{StartChain: true})
 	rep, err := c.Verify(ctx, bytes.NewReader(base))
 	require.NoError(t, err)
 	restoredDSN, restored := newDatabase(t)
@@ -253,27 +260,29 @@ func TestRealSchemaEveryPath(t *testing.T) {
 	forgetAppliedPosition(t, restoredDSN, systemID, slot)
 	assertSameAsSource(t, src, restored, "after the restore")
 	var incrementals [][]byte
-	since := rep.Start
-	for k := 6; k <= 7; k++ {
+	link := rep.ChainLink()
+	for k := 2; k <= 4; k++ {
 		realShopRound(t, src, k)
 		var inc bytes.Buffer
-		since, err = c.BackupIncremental(ctx, since, &inc)
+		link, err = c.BackupIncrementalAfter(ctx, link, &inc)
 		require.NoError(t, err)
 		incrementals = append(incrementals, inc.Bytes())
 		require.NoError(t, restoredTarget.ConsumeCanonical(ctx, bytes.NewReader(inc.Bytes())))
 	}
 	assertSameAsSource(t, src, restored, "after the restore and the incrementals")
 
-	// RestoreChain.
 	chainDSN, chain := newDatabase(t)
 	chainTarget, err := siphon.Connect(ctx, chainDSN)
 	require.NoError(t, err)
 	defer chainTarget.Close()
 	forgetAppliedPosition(t, chainDSN, systemID, slot)
-	reached, err := chainTarget.RestoreChain(ctx, siphon.RestoreChainOptions{}, bytes.NewReader(base),
-		bytes.NewReader(incrementals[0]), bytes.NewReader(incrementals[1]))
+	readers := []io.ReadSeeker{bytes.NewReader(base)}
+	for _, inc := range incrementals {
+		readers = append(readers, bytes.NewReader(inc))
+	}
+	reached, err := chainTarget.RestoreChain(ctx, siphon.RestoreChainOptions{}, readers[0], readers[1:]...)
 	require.NoError(t, err)
-	assert.Equal(t, since, reached)
+	assert.Equal(t, link.End, reached)
 	assertSameAsSource(t, src, chain, "after RestoreChain")
 	assert.Positive(t, count(t, src, `SELECT count(*) FROM audit_log`), "the source's audit trigger wrote")
 }

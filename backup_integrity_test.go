@@ -40,6 +40,7 @@ func changeDigit(t *testing.T, incremental []byte) []byte {
 // checksums is flagged unless the Conn accepts them.
 func TestIncrementalsAreCheckedLinks(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	ctx := context.Background()
 	f := newChainFixture(t)
 	base, inc1, inc2 := f.base, f.incrementals[0], f.incrementals[1]
@@ -113,6 +114,7 @@ func TestIncrementalsAreCheckedLinks(t *testing.T) {
 // the base is refused.
 func TestRestoreRecordsTheBase(t *testing.T) {
 	t.Parallel()
+	skipUnlessDumpClients(t)
 	ctx := context.Background()
 	f := newChainFixture(t)
 	dsn, target, dst := restoreTarget(t)
