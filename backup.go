@@ -77,9 +77,10 @@ type BackupOptions struct {
 	// before the dump and capture its end after ([Conn.CaptureBaseEnd]):
 	// the envelope records the slot and its WAL range, and the slot pins
 	// WAL from its start until you drop it with [Conn.DropSlot] when the
-	// chain that starts with this backup is sealed. A failed backup drops
-	// it; one whose process was killed leaves it, inactive, for
-	// [Conn.SweepOrphanSlots] to drop. Defaults to false.
+	// chain that starts with this backup is sealed. Until the backup is
+	// complete it is a temporary slot of a session of the Backup's own
+	// (see [Conn.CreateBaseSlot]): a failed backup, or one whose process
+	// was killed, leaves none. Defaults to false.
 	BaseSlot bool
 	// Previous is the Link of the chain's previous envelope, if this backup
 	// continues a chain (rare: a dump usually starts one).
@@ -271,13 +272,11 @@ func (c *Conn) backupHeader(run *backupRun, tables []canonical.TableName) canoni
 	return h
 }
 
-// dropFailedBase drops the base slot of a backup that failed: nothing
-// will continue from it.
+// dropFailedBase abandons the base slot of a backup that failed: nothing
+// will continue from it. Its session goes, and its temporary slot with it.
 func (c *Conn) dropFailedBase(slot string) {
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-	defer cancel()
-	if err := c.DropSlot(ctx, slot); err != nil {
-		c.log.Warn("could not drop the base slot of a failed backup: drop it with DropSlot or SweepOrphanSlots", "slot", slot, "error", err)
+	if held := c.bases.take(slot); held != nil {
+		closeSession(held)
 	}
 }
 

@@ -26,8 +26,14 @@ func ExampleConn_Slots() {
 	}
 	defer c.Close()
 
+	// While the base backup is taken, a temporary slot of c's pins the WAL:
+	// a crashed backup leaves nothing. Capturing the end makes it permanent.
 	base, err := c.CreateBaseSlot(ctx)
 	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.CaptureBaseEnd(ctx, base); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -40,17 +46,16 @@ func ExampleConn_Slots() {
 		if s.WALStatus == "unreserved" || s.WALStatus == "lost" || s.RetainedBytes > 10<<30 {
 			fmt.Println("alert:", s.Name, s.WALStatus, s.RetainedBytes)
 		}
-		fmt.Println(s.Kind, s.WALStatus, s.Active, s.RestartPosition == base.WALStart)
+		fmt.Println(s.Kind, s.WALStatus, s.Active, s.Temporary, s.RestartPosition == base.WALStart)
 	}
 
-	// A crashed backup leaves its base slot behind; sweeping drops it.
-	swept, err := c.SweepOrphanSlots(ctx)
-	if err != nil {
+	// The chain that started with this base is sealed: its slot goes.
+	if err := c.DropSlot(ctx, base.Slot); err != nil {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println("swept", swept)
+	fmt.Println("dropped")
 	// Output:
-	// base reserved false true
-	// swept 1
+	// base reserved false false true
+	// dropped
 }

@@ -292,13 +292,13 @@ func (c *Conn) capacityChecks(ctx context.Context) ([]Check, error) {
 		needSlots++
 	}
 	slots := Check{Name: CheckSlots, Status: CheckOK, Found: fmt.Sprintf("%d of %d replication slots in use", usedSlots, maxSlots),
-		Needed: fmt.Sprintf("the persistent slot and one temporary slot per snapshot or backup (%d more)", needSlots)}
+		Needed: fmt.Sprintf("the persistent slot and one temporary slot per snapshot or backup: %d more", needSlots)}
 	if free := maxSlots - usedSlots; free < needSlots {
 		slots.Status = CheckFailed
 		slots.Fix = fmt.Sprintf("raise max_replication_slots to at least %d (a restart), or drop unused slots (pg_replication_slots lists them; Conn.Slots lists siphon's)", usedSlots+needSlots)
 	}
 	senders := Check{Name: CheckWALSenders, Status: CheckOK, Found: fmt.Sprintf("%d of %d WAL senders in use", usedSenders, maxSenders),
-		Needed: "one per stream, and one per snapshot or backup while it runs (2 more)"}
+		Needed: "one per stream, and one per snapshot or backup while it runs: 2 more"}
 	if maxSenders-usedSenders < 2 {
 		senders.Status = CheckFailed
 		senders.Fix = fmt.Sprintf("raise max_wal_senders to at least %d (a restart), or end idle replication sessions", usedSenders+2)
@@ -351,7 +351,8 @@ func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
 		switch {
 		case s.allTables:
 			identity.Status = CheckFailed
-			identity.Found = fmt.Sprintf("publication %q is FOR ALL TABLES and %s have no usable replica identity: the application's UPDATE and DELETE on them fail", c.opts.publication, list)
+			identity.Found = fmt.Sprintf("publication %q is FOR ALL TABLES and %s %s no usable replica identity: the application's UPDATE and DELETE on them fail",
+				c.opts.publication, list, pluralHas(len(keyless)))
 			identity.Fix = "drop the publication (siphon makes one that names its tables), or give them a primary key or REPLICA IDENTITY FULL"
 		case c.opts.keyless == KeylessFull:
 			identity.Found = "with REPLICA IDENTITY FULL (KeylessFull), siphon captures " + list + " whole"
@@ -360,7 +361,7 @@ func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
 			identity.Found = "only the inserts and truncates of " + list + " are captured (KeylessInsertsOnly)"
 			identity.Fix = "give them a primary key to capture their updates and deletes"
 		default:
-			identity.Found = list + " have no usable replica identity and are not captured (KeylessSkip)"
+			identity.Found = list + " " + pluralHas(len(keyless)) + " no usable replica identity and not captured (KeylessSkip)"
 			identity.Fix = "give them a primary key, or connect WithKeylessTables(KeylessFull) or WithKeylessTables(KeylessInsertsOnly)"
 		}
 	}

@@ -32,7 +32,10 @@
 //   - [Conn.ApplyChange], [Conn.ConsumeCanonical], [Conn.AppliedPosition]:
 //     apply snapshots and change sets to a target exactly once.
 //   - [Conn.Slots], [Conn.CreateBaseSlot], [Conn.DropSlot],
-//     [Conn.SweepOrphanSlots]: slot health and lifecycle.
+//     [Conn.SweepOrphanSlots], [Conn.Detach]: slot health and lifecycle.
+//   - [Conn.Preflight]: what siphon can and cannot do on a server, and the
+//     fix for each; [Conn.SyncPublication]: the publication in line with
+//     the tables of today.
 //
 // # Guarantees
 //
@@ -71,7 +74,9 @@
 // # What is and is not captured
 //
 // Captured: INSERT, UPDATE, DELETE and TRUNCATE of published tables (the
-// publication siphon creates covers every table, or the [WithTables] set),
+// publication siphon creates names every table of the database that has a
+// usable replica identity, or the [WithTables] set; see [WithKeylessTables]
+// for the others and [Conn.SyncPublication] for tables created later),
 // transactional and non-transactional logical decoding messages, and, through
 // table records in the canonical stream, the column set of each table as it
 // changes. Not captured by the change stream or snapshots, as with any
@@ -146,6 +151,9 @@ type Conn struct {
 	streaming atomic.Bool
 	// walLevel is the server's wal_level, as Connect checked it.
 	walLevel Check
+	// bases hold the base slots CreateBaseSlot made and CaptureBaseEnd
+	// has not completed.
+	bases heldBases
 }
 
 // Connect checks the options, connects to the database dsn names (a
@@ -193,11 +201,14 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	return c, nil
 }
 
-// Close releases the Conn's sessions. It is safe to call more than once
-// (the pool closes once) and returns nil: closing cannot fail. A Conn used
-// after Close returns errors wrapping [ErrClosed].
+// Close releases the Conn's sessions (a base slot it made and did not
+// complete goes with its session, see [Conn.CreateBaseSlot]). It is safe
+// to call more than once (the pool closes once) and returns nil: closing
+// cannot fail. A Conn used after Close returns errors wrapping
+// [ErrClosed].
 func (c *Conn) Close() error {
 	c.pool.closed.Store(true)
+	c.bases.release()
 	c.pool.Close()
 	return nil
 }

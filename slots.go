@@ -52,9 +52,13 @@ const (
 	snapshotSlotPrefix = "siphon_snap_"
 )
 
-// baseSlotPattern matches the physical slots CreateBaseSlot makes:
-// "siphon_" and a lowercase ULID. Only these are ever swept.
-var baseSlotPattern = regexp.MustCompile(`^siphon_[0-9a-hjkmnp-tv-z]{26}$`)
+// baseSlotPattern matches the permanent physical slots CreateBaseSlot
+// makes: "siphon_" and a lowercase ULID. Only these are ever swept.
+// anyBaseSlotPattern matches their temporary slots too.
+var (
+	baseSlotPattern    = regexp.MustCompile(`^siphon_[0-9a-hjkmnp-tv-z]{26}$`)
+	anyBaseSlotPattern = regexp.MustCompile(`^siphon_(pending_)?[0-9a-hjkmnp-tv-z]{26}$`)
+)
 
 // SQLSTATE codes siphon acts on.
 const (

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,52 +31,119 @@ type IncrementalBaseInfo struct {
 	WALEnd canonical.Position `json:"wal_end,omitzero"`
 }
 
-// CreateBaseSlot creates a physical replication slot named "siphon_" and a
-// lowercase ULID that reserves WAL at once, and returns it with WALStart
-// set. The slot pins WAL until [Conn.DropSlot] drops it; while it is
-// inactive, [Conn.SweepOrphanSlots] counts it as an orphan. A missing
-// REPLICATION privilege or a full max_replication_slots is repaired once,
-// as for logical slots.
+// A base slot is made in two steps, so that no orphan can be left: while
+// the base backup runs, a temporary slot ("siphon_pending_<ulid>") held by
+// a session of the Conn pins the WAL (it goes with that session, however
+// the process ends); [Conn.CaptureBaseEnd] copies it, with the WAL it
+// reserves, into the permanent "siphon_<ulid>" once the base is complete.
+// Every permanent base slot is therefore the base of a chain that someone
+// completed, and nothing drops one but its chain's seal ([Conn.DropSlot]).
+
+// pendingBasePrefix starts the name of the temporary slot of a base slot
+// whose end is not captured yet.
+const pendingBasePrefix = "siphon_pending_"
+
+// CreateBaseSlot makes a base slot named "siphon_" and a lowercase ULID
+// that reserves WAL at once, and returns it with WALStart set. Until
+// [Conn.CaptureBaseEnd] on this Conn completes it, the slot is a temporary
+// one held by a session of the Conn, under the name "siphon_pending_" and
+// the ULID: if the base is abandoned (the Conn closed, the process
+// killed), it disappears by itself. Once complete, it pins WAL until
+// [Conn.DropSlot] drops it. A missing REPLICATION privilege or a full
+// max_replication_slots is repaired once, as for logical slots.
 func (c *Conn) CreateBaseSlot(ctx context.Context) (*IncrementalBaseInfo, error) {
-	name := "siphon_" + newULID(time.Now())
+	id := newULID(time.Now())
+	name, pending := "siphon_"+id, pendingBasePrefix+id
 	start := time.Now()
 	lock, err := c.lockSlots(ctx, start.Add(c.opts.slotRetry.MaxBlocked))
 	if err != nil {
 		return nil, wrapSlotErr("create base slot", name, asSlotBlocked(err, name, start))
 	}
 	defer lock.release()
+	hold, err := c.newSession(ctx)
+	if err != nil {
+		return nil, wrapSlotErr("create base slot", name, err)
+	}
 	var rep repairs
 	for {
 		var lsn string
-		err := lock.conn.QueryRow(ctx, "SELECT lsn::text FROM pg_create_physical_replication_slot($1, true)", name).Scan(&lsn)
+		err := hold.QueryRow(ctx, "SELECT lsn::text FROM pg_create_physical_replication_slot($1, true, true)", pending).Scan(&lsn)
 		if err == nil {
 			pos, err := canonical.ParsePosition(lsn)
 			if err != nil {
+				closeSession(hold)
 				return nil, wrapSlotErr("create base slot", name, err)
 			}
+			c.bases.hold(name, hold)
 			c.log.Info("base slot created", "slot", name, "wal_start", pos)
 			return &IncrementalBaseInfo{Slot: name, WALStart: pos}, nil
 		}
 		if retry, err := c.repair(ctx, lock, err, &rep); !retry {
+			closeSession(hold)
 			return nil, wrapSlotErr("create base slot", name, err)
 		}
 	}
 }
 
-// CaptureBaseEnd records the server's current WAL insert position in
-// info.WALEnd (not pg_current_wal_lsn, the write position, which lags
-// commits under synchronous_commit=off), after checking that the base slot still exists and still
-// reserves the WAL from info.WALStart on. A slot that is gone or lost its
-// WAL means the base cannot be continued: take a new one.
+// heldBases are the sessions that hold the temporary slots of the base
+// slots a Conn made and has not completed.
+type heldBases struct {
+	mu       sync.Mutex
+	sessions map[string]*pgx.Conn // by the base slot's name
+}
+
+func (h *heldBases) hold(name string, conn *pgx.Conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sessions == nil {
+		h.sessions = map[string]*pgx.Conn{}
+	}
+	h.sessions[name] = conn
+}
+
+// take removes and returns the session holding name's temporary slot, or
+// nil.
+func (h *heldBases) take(name string) *pgx.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	conn := h.sessions[name]
+	delete(h.sessions, name)
+	return conn
+}
+
+// release closes every session, which drops their temporary slots.
+func (h *heldBases) release() {
+	h.mu.Lock()
+	sessions := h.sessions
+	h.sessions = nil
+	h.mu.Unlock()
+	for _, conn := range sessions {
+		closeSession(conn)
+	}
+}
+
+// CaptureBaseEnd completes a base slot: it checks that the slot still
+// reserves the WAL from info.WALStart on, makes it permanent (a slot
+// CreateBaseSlot made on this Conn is copied, with the WAL it reserves,
+// from its temporary slot), and records the server's current WAL insert
+// position in info.WALEnd (not pg_current_wal_lsn, the write position,
+// which lags commits under synchronous_commit=off). A slot that is gone or
+// lost its WAL means the base cannot be continued: take a new one.
 func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) error {
 	if info == nil {
-		return errors.New("siphon: capture base end: info is nil: pass what CreateBaseSlot returned")
+		return fmt.Errorf("siphon: capture base end: info: %w (pass what CreateBaseSlot returned)", ErrNilCallback)
+	}
+	held := c.bases.take(info.Slot)
+	slot := info.Slot
+	if held != nil {
+		defer closeSession(held)
+		slot = pendingBasePrefix + strings.TrimPrefix(info.Slot, "siphon_")
 	}
 	var restart, status, current string
 	err := c.pool.QueryRow(ctx, `SELECT coalesce(restart_lsn::text, ''), coalesce(wal_status, ''), pg_current_wal_insert_lsn()::text
-		FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'`, info.Slot).Scan(&restart, &status, &current)
+		FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'`, slot).Scan(&restart, &status, &current)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("siphon: capture base end of slot %q: the slot is gone (dropped or swept), so WAL since %v may be recycled: take a new base backup", info.Slot, info.WALStart)
+		return fmt.Errorf("siphon: capture base end of slot %q: the slot is gone (dropped, or its session ended), so WAL since %v may be recycled: take a new base backup", info.Slot, info.WALStart)
 	}
 	if err != nil {
 		return fmt.Errorf("siphon: capture base end of slot %q: %w", info.Slot, err)
@@ -83,6 +151,15 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 	restartPos, err := canonical.ParsePosition(restart)
 	if status == "lost" || err != nil || restartPos > info.WALStart {
 		return fmt.Errorf("siphon: capture base end of slot %q: the slot no longer reserves WAL from %v (restart %q, wal_status %q): take a new base backup", info.Slot, info.WALStart, restart, status)
+	}
+	if held != nil {
+		if _, err := held.Exec(ctx, "SELECT pg_copy_physical_replication_slot($1, $2, false)", slot, info.Slot); err != nil {
+			hint := ""
+			if isCode(err, codeConfigLimitExceeded) {
+				hint = ": completing a base slot takes one more slot for a moment; raise max_replication_slots, or drop unused slots"
+			}
+			return fmt.Errorf("siphon: capture base end of slot %q: make it permanent%s: %w", info.Slot, hint, err)
+		}
 	}
 	end, err := canonical.ParsePosition(current)
 	if err != nil {
@@ -113,12 +190,16 @@ func (c *Conn) DropSlot(ctx context.Context, name string) error {
 	return fmt.Errorf("siphon: drop slot %q: %w", name, err)
 }
 
-// SweepOrphanSlots drops siphon's orphan base slots: inactive,
-// non-temporary physical slots named "siphon_" and a ULID. It never drops
-// the persistent change-stream slot, temporary snapshot slots, or slots of
-// any other name, and skips a slot that became active after the scan. It
-// holds the slot-management lock, so it does not race slot creation, and
-// returns how many slots it dropped.
+// SweepOrphanSlots drops siphon's base slots that can no longer serve
+// any chain: inactive, non-temporary physical slots named "siphon_" and a
+// ULID whose WAL the server removed (wal_status "lost"), which pin nothing
+// but take a place in max_replication_slots. A base slot that still
+// reserves its WAL is the base of a chain someone completed (see
+// [Conn.CreateBaseSlot]) and is never swept: drop it with [Conn.DropSlot]
+// when its chain is sealed. It never drops the persistent change-stream
+// slot, temporary slots, or slots of any other name, and skips a slot that
+// became active after the scan. It holds the slot-management lock, so it
+// does not race slot creation, and returns how many slots it dropped.
 func (c *Conn) SweepOrphanSlots(ctx context.Context) (int, error) {
 	lock, err := c.lockSlots(ctx, time.Now().Add(c.opts.slotRetry.MaxBlocked))
 	if err != nil {
@@ -135,24 +216,18 @@ func (c *Conn) SweepOrphanSlots(ctx context.Context) (int, error) {
 	return len(dropped), nil
 }
 
-// sweepLocked drops the orphan base slots; the caller holds the lock.
+// sweepLocked drops the base slots that lost their WAL; the caller holds
+// the lock.
 func sweepLocked(ctx context.Context, q querier, cdcSlot string) ([]string, error) {
 	rows, err := q.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
-		WHERE slot_type = 'physical' AND NOT active AND NOT temporary AND slot_name ~ $1 AND slot_name <> $2
+		WHERE slot_type = 'physical' AND NOT active AND NOT temporary AND wal_status = 'lost'
+		  AND slot_name ~ $1 AND slot_name <> $2
 		ORDER BY slot_name`, baseSlotPattern.String(), cdcSlot)
 	if err != nil {
 		return nil, err
 	}
-	var names []string
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		names = append(names, name)
-	}
-	if err := rows.Err(); err != nil {
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
 		return nil, err
 	}
 	return dropOrphans(ctx, q, names)
@@ -214,8 +289,9 @@ type SlotInfo struct {
 
 // Slots lists siphon's replication slots: the change-stream slot of this
 // database, snapshot slots of this database, and base slots (physical, so
-// server-wide), in name order. Alert on WALStatus and RetainedBytes before
-// a slot fills the disk.
+// server-wide; a base being taken shows as a temporary slot named
+// "siphon_pending_" and its ULID), in name order. Alert on WALStatus and
+// RetainedBytes before a slot fills the disk.
 func (c *Conn) Slots(ctx context.Context) ([]SlotInfo, error) {
 	rows, err := c.pool.Query(ctx, `
 		SELECT slot_name::text, slot_type, active, coalesce(active_pid, 0), temporary,
@@ -226,7 +302,7 @@ func (c *Conn) Slots(ctx context.Context) ([]SlotInfo, error) {
 		FROM pg_replication_slots
 		WHERE (slot_type = 'logical' AND database = current_database() AND (slot_name = $1 OR slot_name LIKE $2))
 		   OR (slot_type = 'physical' AND slot_name ~ $3)
-		ORDER BY slot_name`, c.opts.slot, strings.ReplaceAll(snapshotSlotPrefix, "_", `\_`)+"%", baseSlotPattern.String())
+		ORDER BY slot_name`, c.opts.slot, strings.ReplaceAll(snapshotSlotPrefix, "_", `\_`)+"%", anyBaseSlotPattern.String())
 	if err != nil {
 		return nil, fmt.Errorf("siphon: list slots: %w", err)
 	}
@@ -268,7 +344,7 @@ func (c *Conn) scanSlot(rows interface{ Scan(...any) error }) (SlotInfo, error) 
 	switch {
 	case typ == "physical":
 		s.Kind = SlotBase
-		s.CreatedAt, _ = ulidTime(strings.TrimPrefix(s.Name, "siphon_"))
+		s.CreatedAt, _ = ulidTime(strings.TrimPrefix(strings.TrimPrefix(s.Name, pendingBasePrefix), "siphon_"))
 	case s.Name == c.opts.slot:
 		s.Kind = SlotChangeStream
 	default:
@@ -318,4 +394,47 @@ func asSlotBlocked(err error, slot string, start time.Time) error {
 		return &SlotBlockedError{Slot: slot, Waited: time.Since(start), Attempts: 1, Blockers: blocked.blockers}
 	}
 	return err
+}
+
+// Detach removes what siphon made on the source for this Conn's slot: the
+// persistent slot, then the publication and its inserts-only companion
+// (see [WithKeylessTables]) when no other logical slot of this database
+// remains that may read them (one that does keeps them, and Detach logs
+// which at Info: a publication without a slot pins no WAL). It refuses,
+// changing nothing, while the slot is in use (a stream runs: stop it
+// first), with an error wrapping [ErrSlotInUse]. Base slots belong to
+// their chains (drop each with [Conn.DropSlot] when its chain is sealed);
+// temporary slots go with their sessions. Afterwards no stream, incremental
+// or chain of this slot can continue: take a new snapshot or full backup
+// to start again. What was applied into targets is theirs (see
+// [Conn.ResetAppliedPosition]).
+func (c *Conn) Detach(ctx context.Context) error {
+	lock, err := c.lockSlots(ctx, time.Now().Add(c.opts.slotRetry.MaxBlocked))
+	if err != nil {
+		return fmt.Errorf("siphon: detach: %w", err)
+	}
+	defer lock.release()
+	if err := c.DropSlot(ctx, c.opts.slot); err != nil {
+		return fmt.Errorf("siphon: detach: %w", err)
+	}
+	rows, err := lock.conn.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
+		WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database() AND NOT temporary
+		ORDER BY 1`)
+	if err != nil {
+		return fmt.Errorf("siphon: detach: %w", err)
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("siphon: detach: %w", err)
+	}
+	if len(others) > 0 {
+		c.log.Info("publication kept: other slots of this database may read it", "publication", c.opts.publication, "slots", others)
+		return nil
+	}
+	if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+quoteIdent(c.opts.publication)+", "+
+		quoteIdent(c.opts.publication+insertsSuffix)); err != nil {
+		return fmt.Errorf("siphon: detach: drop publication %q: %w", c.opts.publication, err)
+	}
+	c.log.Info("detached", "slot", c.opts.slot, "publication", c.opts.publication)
+	return nil
 }

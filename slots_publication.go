@@ -87,8 +87,9 @@ type userTable struct {
 // with whether every leaf has a usable replica identity.
 const userTablesQuery = `
 SELECT n.nspname, c.relname, NOT EXISTS (
-         SELECT FROM pg_partition_tree(c.oid) t JOIN pg_class l ON l.oid = t.relid
-         WHERE t.isleaf AND NOT CASE l.relreplident
+         SELECT FROM pg_class l
+         WHERE (l.oid = c.oid AND c.relkind = 'r' OR l.oid IN (SELECT relid FROM pg_partition_tree(c.oid) WHERE isleaf))
+           AND NOT CASE l.relreplident
            WHEN 'f' THEN true
            WHEN 'i' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
            WHEN 'd' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
@@ -242,8 +243,9 @@ const missingTableProblem = "the table named by WithTables does not exist (or is
 // partitioned table, on its leaves that have no usable identity.
 func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.TableName) error {
 	for _, t := range tables {
-		rows, err := q.Query(ctx, `SELECT t.relid::regclass::text FROM pg_partition_tree($1::regclass) t
-			JOIN pg_class l ON l.oid = t.relid WHERE l.relreplident <> 'f'`, quoteTable(t))
+		rows, err := q.Query(ctx, `SELECT l.oid::regclass::text FROM pg_class l
+			WHERE (l.oid = $1::regclass AND l.relkind = 'r' OR l.oid IN (SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf))
+			  AND l.relreplident <> 'f'`, quoteTable(t))
 		if err != nil {
 			return fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -438,30 +439,57 @@ func TestSlotPrivilegeRepair(t *testing.T) {
 	assertNoLeaks(t, dsn, "priv_slot")
 }
 
+// completeBase makes a base slot and completes it, as a Backup with
+// BaseSlot does once its dump is written.
+func completeBase(t *testing.T, c *siphon.Conn) *siphon.IncrementalBaseInfo {
+	t.Helper()
+	info := createBaseSlot(t, c)
+	require.NoError(t, c.CaptureBaseEnd(context.Background(), info))
+	return info
+}
+
+// loseWAL writes (messages, not rows: no table to capture) and recycles
+// WAL until slot is invalidated (wal_status lost), on a server with a
+// small max_slot_wal_keep_size.
+func loseWAL(t *testing.T, admin *pgx.Conn, slot string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		execSQL(t, admin, "SELECT pg_logical_emit_message(false, 'filler', repeat('x', 1000)) FROM generate_series(1, 2000)",
+			"SELECT pg_switch_wal()", "CHECKPOINT")
+		var status string
+		require.NoError(t, admin.QueryRow(context.Background(), "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&status))
+		return status == "lost"
+	}, time.Minute, 10*time.Millisecond, "the slot is invalidated")
+}
+
+// TestSlotLimitRepair fills max_replication_slots with base slots: the
+// repair drops the one that lost its WAL, never a live chain's base, and
+// when nothing is siphon's to drop the error names the setting.
 func TestSlotLimitRepair(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := siphontest.Start(t, siphontest.WithPrivateServer(), siphontest.WithSetting("max_replication_slots", "3"))
+	srv := siphontest.Start(t, siphontest.WithPrivateServer(), siphontest.WithSetting("max_replication_slots", "3"),
+		siphontest.WithSetting("max_slot_wal_keep_size", "1MB"), siphontest.WithSetting("wal_keep_size", "0"))
 	dsn := srv.NewDatabase(t)
 	admin, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer admin.Close(ctx)
 	logs := &logRecorder{}
 	c := connect(t, dsn, siphon.WithSlot("limited_cdc"), siphon.WithLogger(logs.logger()))
-	for range 3 {
-		_, err := c.CreateBaseSlot(ctx) // orphans once nothing uses them
-		require.NoError(t, err)
-	}
+	lost := completeBase(t, c)
+	loseWAL(t, admin, lost.Slot)
+	live := completeBase(t, c)
+	pending := createBaseSlot(t, c) // a base being taken: its temporary slot
+	pendingSlot := "siphon_pending_" + strings.TrimPrefix(pending.Slot, "siphon_")
 
 	created, _, err := c.EnsureSlotForTest(ctx)
-	require.NoError(t, err, "orphans dropped to make room")
+	require.NoError(t, err, "the base that lost its WAL dropped to make room")
 	assert.True(t, created)
-	assert.Equal(t, []string{"limited_cdc"}, clusterSlots(t, dsn))
+	assert.ElementsMatch(t, []string{"limited_cdc", live.Slot, pendingSlot}, clusterSlots(t, dsn), "the live base and the one being taken are kept")
 	assert.Len(t, logs.find(slog.LevelWarn, "all replication slots were in use: dropped orphan slots"), 1)
 
 	// Full of slots that are not siphon's orphans: nothing to drop, and the
 	// error names the setting to raise.
-	execSQL(t, admin, "SELECT pg_create_physical_replication_slot('keep_a')", "SELECT pg_create_physical_replication_slot('keep_b')")
 	second := connect(t, dsn, siphon.WithSlot("limited_two"))
 	_, _, err = second.EnsureSlotForTest(ctx)
 	require.Error(t, err)
@@ -470,50 +498,60 @@ func TestSlotLimitRepair(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	assert.Equal(t, "53400", pgErr.Code)
-	assert.Equal(t, []string{"keep_a", "keep_b", "limited_cdc"}, clusterSlots(t, dsn), "nothing else dropped")
+	assert.ElementsMatch(t, []string{"limited_cdc", live.Slot, pendingSlot}, clusterSlots(t, dsn), "nothing else dropped")
+	err = c.CaptureBaseEnd(ctx, pending)
+	assert.ErrorContains(t, err, "raise max_replication_slots", "completing a base takes one more slot for a moment")
+	require.NoError(t, c.DropSlot(ctx, live.Slot))
 	closeAll(t, c, second)
 	assertNoLeaks(t, dsn, "limited_cdc")
 }
 
+// TestSweepOrphanSlots sweeps the base slots that lost their WAL, and
+// nothing else: not live bases, a base being taken, the change-stream
+// slot (even one named like a base slot), a snapshot slot, another name.
 func TestSweepOrphanSlots(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := siphontest.Start(t, siphontest.WithPrivateServer())
+	srv := siphontest.Start(t, siphontest.WithPrivateServer(),
+		siphontest.WithSetting("max_slot_wal_keep_size", "1MB"), siphontest.WithSetting("wal_keep_size", "0"))
 	dsn := srv.NewDatabase(t)
 	admin, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer admin.Close(ctx)
-	// The change-stream slot's name looks like a base slot's: still never swept.
 	cdc := "siphon_" + siphon.NewULIDForTest(time.Now())
 	c := connect(t, dsn, siphon.WithSlot(cdc))
 	_, _, err = c.EnsureSlotForTest(ctx)
 	require.NoError(t, err)
+	lost1, lost2 := completeBase(t, c), completeBase(t, c)
+	loseWAL(t, admin, lost1.Slot)
+	loseWAL(t, admin, lost2.Slot)
+	busy, live := completeBase(t, c), completeBase(t, c)
+	stop := activateSlot(t, dsn, busy.Slot, busy.WALStart)
+	pending := createBaseSlot(t, c)
 	snap, err := c.CreateSnapshotSlotForTest(ctx)
 	require.NoError(t, err)
-	orphan1, orphan2, busy := createBaseSlot(t, c), createBaseSlot(t, c), createBaseSlot(t, c)
-	stop := activateSlot(t, dsn, busy.Slot, busy.WALStart)
 	execSQL(t, admin, "SELECT pg_create_physical_replication_slot('siphon_not_a_ulid')")
+	pendingSlot := "siphon_pending_" + strings.TrimPrefix(pending.Slot, "siphon_")
 
 	n, err := c.SweepOrphanSlots(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 2, n)
-	assert.ElementsMatch(t, []string{cdc, snap.Name, busy.Slot, "siphon_not_a_ulid"}, clusterSlots(t, dsn))
-	assert.NotContains(t, clusterSlots(t, dsn), orphan1.Slot)
-	assert.NotContains(t, clusterSlots(t, dsn), orphan2.Slot)
+	assert.ElementsMatch(t, []string{cdc, snap.Name, busy.Slot, live.Slot, pendingSlot, "siphon_not_a_ulid"}, clusterSlots(t, dsn))
 
 	// A slot that turns active between the scan and the drop is skipped.
-	orphan3 := createBaseSlot(t, c)
-	dropped, err := c.DropOrphansForTest(ctx, []string{busy.Slot, orphan3.Slot, "siphon_gone"})
+	dropped, err := c.DropOrphansForTest(ctx, []string{busy.Slot, "siphon_gone"})
 	require.NoError(t, err)
-	assert.Equal(t, []string{orphan3.Slot}, dropped)
+	assert.Empty(t, dropped)
 
 	stop()
 	n, err = c.SweepOrphanSlots(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, 1, n, "the base slot is an orphan once nothing uses it")
+	assert.Zero(t, n, "an inactive base that keeps its WAL is a live chain's")
 	require.NoError(t, snap.Close(ctx))
-	assert.ElementsMatch(t, []string{cdc, "siphon_not_a_ulid"}, clusterSlots(t, dsn))
+	require.NoError(t, c.DropSlot(ctx, live.Slot))
+	require.NoError(t, c.DropSlot(ctx, busy.Slot))
 	require.NoError(t, c.Close())
+	assert.ElementsMatch(t, []string{cdc, "siphon_not_a_ulid"}, clusterSlots(t, dsn), "the base being taken went with its Conn")
 	assertNoLeaks(t, dsn, cdc)
 }
 
@@ -527,20 +565,38 @@ func TestBaseSlotLifecycle(t *testing.T) {
 	defer admin.Close(ctx)
 	c := connect(t, dsn)
 
+	// A base abandoned before its end is captured leaves nothing.
+	abandoned := connect(t, dsn)
+	gone, err := abandoned.CreateBaseSlot(ctx)
+	require.NoError(t, err)
+	pendingOf := func(slot string) string { return "siphon_pending_" + strings.TrimPrefix(slot, "siphon_") }
+	assert.Equal(t, []string{pendingOf(gone.Slot)}, clusterSlots(t, dsn), "a temporary slot pins the WAL while the base is taken")
+	require.NoError(t, abandoned.Close())
+	require.Eventually(t, func() bool { return len(clusterSlots(t, dsn)) == 0 }, 10*time.Second, 5*time.Millisecond,
+		"closing the Conn (or killing its process) drops it")
+
 	before := time.Now().Add(-time.Second)
 	info, err := c.CreateBaseSlot(ctx)
 	require.NoError(t, err)
 	assert.Regexp(t, siphon.BaseSlotPatternForTest, info.Slot)
 	assert.NotZero(t, info.WALStart)
 	var restart, status string
-	require.NoError(t, admin.QueryRow(ctx, `SELECT restart_lsn::text, wal_status FROM pg_replication_slots
-		WHERE slot_name = $1 AND slot_type = 'physical' AND NOT temporary`, info.Slot).Scan(&restart, &status))
+	var temporary bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT restart_lsn::text, wal_status, temporary FROM pg_replication_slots
+		WHERE slot_name = $1 AND slot_type = 'physical'`, pendingOf(info.Slot)).Scan(&restart, &status, &temporary))
 	assert.Equal(t, info.WALStart.String(), restart, "WAL reserved from WALStart")
 	assert.Equal(t, "reserved", status)
+	assert.True(t, temporary)
 
 	execSQL(t, admin, "CREATE TABLE filler AS SELECT g AS id, repeat('x', 100) AS pad FROM generate_series(1, 20000) g")
 	require.NoError(t, c.CaptureBaseEnd(ctx, info))
 	assert.Greater(t, info.WALEnd, info.WALStart)
+	require.NoError(t, admin.QueryRow(ctx, `SELECT restart_lsn::text, temporary FROM pg_replication_slots
+		WHERE slot_name = $1 AND slot_type = 'physical'`, info.Slot).Scan(&restart, &temporary))
+	assert.Equal(t, info.WALStart.String(), restart, "the permanent slot reserves the WAL from WALStart")
+	assert.False(t, temporary)
+	require.Eventually(t, func() bool { return slices.Equal(clusterSlots(t, dsn), []string{info.Slot}) }, 10*time.Second, 5*time.Millisecond,
+		"the temporary slot is gone")
 
 	slots, err := c.Slots(ctx)
 	require.NoError(t, err)

@@ -190,7 +190,7 @@ func (l *localServer) start(ctx context.Context) error {
 			return nil
 		}
 	}
-	if err := waitReady(ctx, l.dsn(), exitErr); err != nil {
+	if err := waitReady(ctx, l.dsn(), l.cfg.settings["wal_level"], exitErr); err != nil {
 		l.reaper.unwatch(cmd.Process.Pid, exited)
 		return fmt.Errorf("siphontest: %w", err)
 	}

@@ -47,7 +47,9 @@ func WithPrivateServer() Option { return func(c *config) { c.private = true } }
 // WithSetting sets a server configuration parameter of a server that
 // siphontest starts (ignored for SIPHON_TEST_DSN). Combine it with
 // [WithPrivateServer] in tests, since the shared server is started once with
-// the options of its first caller.
+// the options of its first caller. wal_level defaults to logical; another
+// value is for testing how code copes with a server that cannot decode
+// changes.
 func WithSetting(name, value string) Option {
 	return func(c *config) { c.settings[name] = value }
 }

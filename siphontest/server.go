@@ -172,15 +172,16 @@ func Launch(ctx context.Context, opts ...Option) (*Server, error) {
 // it answers and runs with wal_level=logical. Close leaves that server
 // running. [Server.CreateDatabase] needs a role allowed to create databases.
 func Attach(ctx context.Context, dsn string) (*Server, error) {
-	if err := waitReady(ctx, dsn, nil); err != nil {
+	if err := waitReady(ctx, dsn, "logical", nil); err != nil {
 		return nil, err
 	}
 	return &Server{dsn: dsn, source: "attached"}, nil
 }
 
-// waitReady connects until the server answers, the context ends, or exited
-// reports that the server process is gone.
-func waitReady(ctx context.Context, dsn string, exited func() error) error {
+// waitReady connects until the server answers with the wal_level wanted
+// ("logical", unless a test asked for another with WithSetting), the
+// context ends, or exited reports that the server process is gone.
+func waitReady(ctx context.Context, dsn, walLevel string, exited func() error) error {
 	var last error
 	for {
 		conn, err := pgx.Connect(ctx, dsn)
@@ -188,7 +189,7 @@ func waitReady(ctx context.Context, dsn string, exited func() error) error {
 			var level string
 			err = conn.QueryRow(ctx, "SHOW wal_level").Scan(&level)
 			conn.Close(context.Background())
-			if err == nil && level != "logical" {
+			if err == nil && level != walLevel {
 				return fmt.Errorf("wal_level is %q: logical replication needs wal_level=logical", level)
 			}
 			if err == nil {
