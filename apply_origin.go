@@ -65,7 +65,8 @@ type tracker struct {
 // use replication origins, and whether the bookkeeping table exists.
 const applyEnvQuery = `
 SELECT d.oid::int8,
-       current_setting('max_replication_slots')::int > 0 AND NOT pg_is_in_recovery() AND
+       coalesce(current_setting('max_active_replication_origins', true), current_setting('max_replication_slots'))::int > 0
+       AND NOT pg_is_in_recovery() AND
        (SELECT count(*) = 6 AND bool_and(has_function_privilege(p.oid, 'EXECUTE'))
         FROM pg_proc p
         WHERE p.pronamespace = 'pg_catalog'::regnamespace

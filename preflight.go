@@ -133,6 +133,8 @@ type serverFacts struct {
 	encoding   string
 	walLevel   string
 	missing    []string // WithTables tables that do not exist
+	// idleSlotTimeout is idle_replication_slot_timeout (18+), "" before.
+	idleSlotTimeout string
 }
 
 // readServerFacts reads the server's version, encoding and wal_level, and
@@ -142,9 +144,10 @@ func (c *Conn) readServerFacts(ctx context.Context) (serverFacts, error) {
 	schemas, names := nameArrays(c.tables)
 	err := c.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('server_version'),
 		current_setting('server_encoding'), current_setting('wal_level'),
+		coalesce(current_setting('idle_replication_slot_timeout', true), ''),
 		coalesce((SELECT array_agg(format('%I.%I', u.s, u.n)) FROM unnest($1::text[], $2::text[]) AS u(s, n)
 		          WHERE to_regclass(format('%I.%I', u.s, u.n)) IS NULL), '{}')`, schemas, names).
-		Scan(&f.versionNum, &f.version, &f.encoding, &f.walLevel, &f.missing)
+		Scan(&f.versionNum, &f.version, &f.encoding, &f.walLevel, &f.idleSlotTimeout, &f.missing)
 	return f, err
 }
 
@@ -485,7 +488,12 @@ func releaseCheck(f serverFacts) Check {
 	case major == 16:
 		ch.Found = "PostgreSQL 16: streaming only local changes; failover slots need 17"
 	default:
-		ch.Found = fmt.Sprintf("PostgreSQL %d: streaming only local changes, failover slots", major)
+		ch.Found = fmt.Sprintf("PostgreSQL %d: streaming only local changes (WithLocalChangesOnly), failover slots (WithFailoverSlot)", major)
+	}
+	if f.idleSlotTimeout != "" && f.idleSlotTimeout != "0" {
+		ch.Status = CheckWarning
+		ch.Found += fmt.Sprintf("; idle_replication_slot_timeout is %s: a slot no stream reads for that long is invalidated (a *ResumeGapError)", f.idleSlotTimeout)
+		ch.Fix = "stream (or take incrementals) more often than that, or ALTER SYSTEM SET idle_replication_slot_timeout = 0"
 	}
 	return ch
 }

@@ -70,6 +70,10 @@
 // Slots: creating one waits for every transaction holding a transaction ID.
 // siphon bounds that wait, names the blocking sessions in a
 // [*SlotBlockedError], and leaves no slot, session or lock behind on failure.
+// A role without the REPLICATION privilege that may grant it (CREATEROLE)
+// gets it from siphon itself, once, logged at Warn; a full
+// max_replication_slots is mended once by dropping siphon's base slots that
+// lost their WAL, never a live chain's.
 //
 // # What is and is not captured
 //
