@@ -103,11 +103,12 @@ func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("siphon: consume canonical: %w", err)
 	}
-	src := newRecordSource(body)
-	h, err := src.dec.Header()
+	dec := newStreamRecords(body)
+	h, err := dec.dec.Header()
 	if err != nil {
 		return fmt.Errorf("siphon: consume canonical: %w", err)
 	}
+	src := newRecordSource(dec)
 	if !h.Checked && !c.opts.uncheckedStreams {
 		return fmt.Errorf("siphon: consume canonical: %w", ErrUnchecked)
 	}
@@ -178,12 +179,36 @@ func canonicalBody(r io.Reader) (io.Reader, error) {
 	return nil, fmt.Errorf("%w: it starts with %q, not a JSON header or a siphon envelope: ConsumeCanonical takes what EmitCanonical, BackupIncremental or a canonical.Encoder wrote", ErrNotCanonical, start)
 }
 
-// recordSource reads a stream's records, with one record of look-ahead.
-// While taping, it keeps the records it reads from the stream, so that a
-// failed unit can be applied again; replay makes it return records again.
+// records is where a recordSource reads records from: a decoded stream,
+// or Replicate's capture.
+type records interface {
+	// Next returns the next record, io.EOF after the end record.
+	Next() (canonical.Record, error)
+	// Buffered reports whether more is at hand without waiting.
+	Buffered() bool
+}
+
+// streamRecords are the records of a canonical stream.
+type streamRecords struct {
+	br  *bufio.Reader
+	dec *canonical.Decoder
+}
+
+func newStreamRecords(r io.Reader) *streamRecords {
+	// The decoder reads through br itself (bufio reuses a large enough
+	// Reader), so br.Buffered tells whether more of the stream is in memory.
+	br := bufio.NewReaderSize(r, 256<<10)
+	return &streamRecords{br: br, dec: canonical.NewDecoder(br)}
+}
+
+func (s *streamRecords) Next() (canonical.Record, error) { return s.dec.Next() }
+func (s *streamRecords) Buffered() bool                  { return s.br.Buffered() > 0 }
+
+// recordSource reads records, with one record of look-ahead. While taping,
+// it keeps the records it reads, so that a failed unit can be applied
+// again; replay makes it return records again.
 type recordSource struct {
-	br      *bufio.Reader
-	dec     *canonical.Decoder
+	from    records
 	pending *canonical.Record
 	replay  []canonical.Record
 
@@ -192,12 +217,7 @@ type recordSource struct {
 	taping    bool // off until resetTape, and once the tape is full
 }
 
-func newRecordSource(r io.Reader) *recordSource {
-	// The decoder reads through br itself (bufio reuses a large enough
-	// Reader), so br.Buffered tells whether more of the stream is in memory.
-	br := bufio.NewReaderSize(r, 256<<10)
-	return &recordSource{br: br, dec: canonical.NewDecoder(br)}
-}
+func newRecordSource(from records) *recordSource { return &recordSource{from: from} }
 
 func (s *recordSource) next() (canonical.Record, error) {
 	if p := s.pending; p != nil {
@@ -209,7 +229,7 @@ func (s *recordSource) next() (canonical.Record, error) {
 		s.replay = s.replay[1:]
 		return rec, nil
 	}
-	rec, err := s.dec.Next()
+	rec, err := s.from.Next()
 	if err == nil && s.taping {
 		// Past the limit the tape stops growing; what it holds stays.
 		s.tape = append(s.tape, rec)
@@ -254,7 +274,7 @@ func (s *recordSource) unread(rec canonical.Record) { s.pending = &rec }
 
 // ready reports whether the next record is (at least partly) read already.
 func (s *recordSource) ready() bool {
-	return s.pending != nil || len(s.replay) > 0 || s.br.Buffered() > 0
+	return s.pending != nil || len(s.replay) > 0 || s.from.Buffered()
 }
 
 // drain reads the rest of the stream, checking it.
@@ -290,6 +310,9 @@ type applySession struct {
 	// if any (see copyInBackground); what describes it.
 	copying chan error
 	what    string
+	// committed, when set, learns each Position the target committed, and
+	// how many source transactions and changes it took there.
+	committed func(pos canonical.Position, txs, changes int)
 }
 
 // openApplySession opens the session that applies the source h names into

@@ -204,6 +204,9 @@ func (cc *changeConsumer) commitUnit(ctx context.Context) error {
 		return err
 	}
 	s.progress = last.pos
+	if s.committed != nil {
+		s.committed(last.pos, len(cc.unit.ends), cc.unit.changes)
+	}
 	cc.resetUnit()
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -129,7 +130,7 @@ func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit 
 	defer release()
 	res, err := c.stream(ctx, streamConfig{from: from}, emit)
 	if err == nil {
-		err = stopReason(ctx, res.resume)
+		err = stopReason(ctx, "stream changes", res.resume)
 	}
 	return res.resume, err
 }
@@ -147,9 +148,9 @@ func (c *Conn) claimStream() (release func(), err error) {
 // cancelled ctx is the normal stop (nil); a ctx past its deadline is an
 // error wrapping context.DeadlineExceeded, so that a stop the caller did
 // not ask for shows.
-func stopReason(ctx context.Context, resume canonical.Position) error {
+func stopReason(ctx context.Context, op string, resume canonical.Position) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("siphon: stream changes: stopped at ctx's deadline (resume from %v): %w", resume, context.DeadlineExceeded)
+		return fmt.Errorf("siphon: %s: stopped at ctx's deadline (resume from %v): %w", op, resume, context.DeadlineExceeded)
 	}
 	return nil
 }
@@ -185,6 +186,10 @@ type streamConfig struct {
 	bound canonical.Position
 	// holdAck keeps the acknowledged position at from.
 	holdAck bool
+	// durable, when set, is how far the consumer has made transactions
+	// durable (it stores their end Positions): the slot is acknowledged up
+	// to it, not when OpCommit emit returns.
+	durable *atomic.Uint64
 	// onStart runs once the slot is checked, before anything is emitted,
 	// with the Position the stream starts from.
 	onStart func(start canonical.Position, info streamInfo) error

@@ -102,6 +102,7 @@ func (st *streamState) loop(ctx context.Context, w *wire, heartbeatRequests chan
 		case <-ctx.Done():
 			return streamResult{}, nil
 		case <-tick.C:
+			st.syncDurable()
 			st.maybeAskHeartbeat(heartbeatRequests, tickEvery)
 		case b := <-w.out:
 			for i := range b {
@@ -113,6 +114,7 @@ func (st *streamState) loop(ctx context.Context, w *wire, heartbeatRequests chan
 					return streamResult{reachedBound: st.reachedBound}, err
 				}
 			}
+			st.syncDurable()
 			clear(b) // drop the rows: emit may keep them, the batch may not
 			select {
 			case w.free <- b[:0]:
@@ -172,7 +174,7 @@ func (st *streamState) handle(it *item) (done bool, err error) {
 		}
 		st.lastEnd = ch.Position
 		st.lastEndShared.Store(uint64(ch.Position))
-		if !st.cfg.holdAck && ch.Position > st.ackedPos() {
+		if !st.cfg.holdAck && st.cfg.durable == nil && ch.Position > st.ackedPos() {
 			st.acked.Store(uint64(ch.Position))
 		}
 		return false, nil
@@ -226,10 +228,26 @@ func (st *streamState) heartbeat(ch *canonical.Change) error {
 		return nil
 	}
 	st.lastAnchorEnd = max(st.lastAnchorEnd, ch.Position)
-	if !st.cfg.holdAck && hb.Last == st.lastEnd && hb.At > st.ackedPos() {
+	if !st.cfg.holdAck && hb.Last == st.lastEnd && st.settled() && hb.At > st.ackedPos() {
 		st.acked.Store(uint64(hb.At))
 	}
 	return nil
+}
+
+// settled reports whether every transaction handled is durable: always,
+// unless a durable position says how far the consumer has committed.
+func (st *streamState) settled() bool {
+	return st.cfg.durable == nil || canonical.Position(st.cfg.durable.Load()) >= st.lastEnd
+}
+
+// syncDurable acknowledges what the consumer reports durable, when it does.
+func (st *streamState) syncDurable() {
+	if st.cfg.durable == nil || st.cfg.holdAck {
+		return
+	}
+	if d := canonical.Position(st.cfg.durable.Load()); d > st.ackedPos() {
+		st.acked.Store(uint64(d))
+	}
 }
 
 // maybeAskHeartbeat asks for a heartbeat when the stream is idle and the
