@@ -20,6 +20,13 @@ type targetTable struct {
 	// key lists the primary key's columns, else the replica identity
 	// index's; nil when the table has neither.
 	key []string
+	// ceiling, when ceilingKnown, is at or above every key of a table with
+	// one integer key column, as far as this apply session can tell: its
+	// largest key when it was read, raised by what the session copied since.
+	// An update (which may raise a key) or an insert the session does not
+	// track makes it unknown.
+	ceiling      int64
+	ceilingKnown bool
 }
 
 // targetColumn describes one column of a target table.

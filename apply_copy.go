@@ -143,7 +143,10 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 // the table already or twice among the rows, or the key's type has no array
 // type to look it up with. It sends what is queued. An integer key is
 // first looked up by range (one index probe; new keys often lie above
-// every existing one), then, if the range holds rows, key by key.
+// every existing one), then, if the range holds rows, key by key. The
+// range probe also reads the table's largest key, which then bounds every
+// key in it (see targetTable.ceiling): the next batches of keys above it,
+// as an append-only table's are, need no probe at all.
 func (cc *changeConsumer) keysExist(ctx context.Context, b *binding, rows []canonical.Row) (bool, error) {
 	check := b.keyCheck()
 	if check == nil || b.duplicateKeys(rows) {
@@ -151,16 +154,39 @@ func (cc *changeConsumer) keysExist(ctx context.Context, b *binding, rows []cano
 	}
 	q := &cc.s.q
 	if lo, hi, ok := b.intKeyRange(rows); ok {
+		t := b.target
+		if t.ceilingKnown && lo > t.ceiling {
+			t.ceiling = hi
+			return false, nil
+		}
 		q.params.reset()
 		q.params.add(canonical.Text(strconv.FormatInt(lo, 10)))
 		q.params.add(canonical.Text(strconv.FormatInt(hi, 10)))
 		k := b.cols[b.key[0]]
-		inRange, err := cc.queryBool(ctx, &statement{
-			sql:  "SELECT EXISTS (SELECT FROM " + b.quoted + " WHERE " + k.quoted + " BETWEEN $1 AND $2)",
+		var inRange bool
+		var largest *int64
+		cc.s.q.add(&statement{
+			sql:  "SELECT EXISTS (SELECT FROM " + b.quoted + " WHERE " + k.quoted + " BETWEEN $1 AND $2), (SELECT max(" + k.quoted + ")::int8 FROM " + b.quoted + ")",
 			oids: []uint32{k.typeOID, k.typeOID},
-		}, "look up the key range of inserts into "+b.source.String())
-		if err != nil || !inRange {
+		}, stmtOwner{label: "look up the key range of inserts into " + b.source.String(), onRow: func(v [][]byte) {
+			inRange = string(v[0]) == "t"
+			if v[1] != nil {
+				n, err := strconv.ParseInt(string(v[1]), 10, 64)
+				largest = &n
+				if err != nil {
+					largest = nil
+				}
+			}
+		}})
+		if err := cc.flushQueue(ctx); err != nil {
 			return false, err
+		}
+		t.ceiling, t.ceilingKnown = hi, true
+		if largest != nil {
+			t.ceiling = max(*largest, hi)
+		}
+		if !inRange {
+			return false, nil
 		}
 	}
 	q.params.reset()

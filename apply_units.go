@@ -282,6 +282,7 @@ func (cc *changeConsumer) flushRun(ctx context.Context) error {
 // queueInserts queues inserts of rows into b's table, many rows a
 // statement.
 func (cc *changeConsumer) queueInserts(ctx context.Context, b *binding, rows []canonical.Row) error {
+	b.target.ceilingKnown = false
 	most := b.maxInsertRows()
 	for len(rows) > 0 {
 		n := 1
@@ -308,6 +309,9 @@ func (cc *changeConsumer) queueInserts(ctx context.Context, b *binding, rows []c
 
 // queueChange queues the statement of an update or delete.
 func (cc *changeConsumer) queueChange(ctx context.Context, b *binding, ch *canonical.Change) error {
+	if ch.Op == canonical.OpUpdate {
+		b.target.ceilingKnown = false // it may raise a key
+	}
 	ok, err := planChange(b, ch, &cc.sh)
 	if err != nil || !ok {
 		return err
@@ -351,6 +355,9 @@ func (cc *changeConsumer) truncate(ctx context.Context, ch *canonical.Change) er
 	}
 	if len(targets) == 0 {
 		return nil
+	}
+	for _, t := range targets {
+		t.ceilingKnown = false
 	}
 	if err := cc.s.await(); err != nil {
 		return err
