@@ -9,7 +9,7 @@ import (
 type Op uint8
 
 // The kinds of change. A transaction is delivered as OpBegin, its row changes
-// (and transactional messages), then OpCommit.
+// (and transactional messages and schema changes), then OpCommit.
 const (
 	OpBegin Op = iota + 1
 	OpInsert
@@ -18,6 +18,9 @@ const (
 	OpTruncate
 	OpMessage
 	OpCommit
+	// OpDDL is a schema change (Change.DDL), at its place among the row
+	// changes of its transaction: the changes after it have the new shape.
+	OpDDL
 )
 
 var opNames = [...]string{
@@ -28,6 +31,7 @@ var opNames = [...]string{
 	OpTruncate: "truncate",
 	OpMessage:  "message",
 	OpCommit:   "commit",
+	OpDDL:      "ddl",
 }
 
 // String returns the op's lower-case name, as used in JSONL records.
@@ -80,6 +84,9 @@ type Change struct {
 
 	// Message is the logical decoding message of an OpMessage.
 	Message *Message
+
+	// DDL is the schema change of an OpDDL.
+	DDL *DDL
 }
 
 // Message is a logical decoding message (pg_logical_emit_message).

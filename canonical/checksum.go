@@ -17,10 +17,11 @@ import (
 // to and including `"sum":"` of that line: the checkpoint vouches for
 // itself and for everything before it. The header (which also names the
 // algorithm, "checksum":"crc32c"), every commit, every change outside a
-// transaction, the end record and, in snapshots, a row every
-// checkpointBytes are checkpoints. A stream is checked when its header
-// carries a sum; the Decoder then verifies every checkpoint as it reads it
-// and requires one on the header, commits and the end record, so any
+// transaction, every sequence, the end record and, in snapshots, a row
+// every checkpointBytes are checkpoints. A stream is checked when its
+// header carries a sum; the Decoder then verifies every checkpoint as it
+// reads it and requires one on the header, commits, sequences and the end
+// record, so any
 // changed, missing, added or reordered byte (a record, a transaction, a
 // digit) is found at the next checkpoint at the latest, before a reader
 // that applies whole transactions has applied it. CRC-32C catches every

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -155,6 +156,18 @@ func TestUncheckedStreams(t *testing.T) {
 	noSum := append(bytes.Clone(data[:bytes.LastIndex(data, []byte(sumKey))]), "}\n"...)
 	_, _, err = decodeAll(noSum)
 	require.ErrorIs(t, err, ErrChecksum, "an end record without its sum")
+
+	// A sequence is set outside any transaction, so it is a checkpoint of
+	// its own: one whose sum was taken off is refused as it is read.
+	withSeq := encode(t, testHeader, func(e *Encoder) {
+		require.NoError(t, e.WriteSequence(Sequence{Schema: "public", Name: "s", Value: 7, Called: true}))
+		require.NoError(t, e.WriteEnd(0x20))
+	})
+	seqLines := bytes.SplitAfter(withSeq, []byte("\n"))
+	seqLines[1] = regexp.MustCompile(`,"sum":"[0-9a-f]{8}"`).ReplaceAll(seqLines[1], nil)
+	_, _, err = decodeAll(bytes.Join(seqLines, nil))
+	require.ErrorIs(t, err, ErrChecksum, "a sequence without its sum")
+	assert.ErrorContains(t, err, "line 2 (sequence record)")
 }
 
 // TestLinkAndPrevious checks that a checked stream's Link names its end

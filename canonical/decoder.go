@@ -149,8 +149,8 @@ func (d *Decoder) Next() (Record, error) {
 	}
 	rec, err := d.record(line)
 	if err == nil && d.header.Checked && !d.summed &&
-		(rec.Type == RecordEnd || rec.Type == RecordChange && rec.Change.Op == OpCommit) {
-		err = d.fail(fmt.Errorf("%w: the record carries no checksum, which every commit and the end record of a checked stream do", ErrChecksum), recordName(rec))
+		(rec.Type == RecordEnd || rec.Type == RecordSequence || rec.Type == RecordChange && rec.Change.Op == OpCommit) {
+		err = d.fail(fmt.Errorf("%w: the record carries no checksum, which every commit, sequence and the end record of a checked stream do", ErrChecksum), recordName(rec))
 	}
 	return rec, err
 }

@@ -2,8 +2,8 @@ package canonical
 
 import "fmt"
 
-// changeRecord decodes a begin, insert, update, delete, truncate, message or
-// commit record.
+// changeRecord decodes a begin, insert, update, delete, truncate, message,
+// ddl or commit record.
 func (d *Decoder) changeRecord(op Op) (Record, error) {
 	var err error
 	switch op {
@@ -15,6 +15,8 @@ func (d *Decoder) changeRecord(op Op) (Record, error) {
 		err = d.scan(truncateFields, truncateRequired)
 	case OpMessage:
 		err = d.scan(messageFields, messageRequired)
+	case OpDDL:
+		err = d.scan(ddlFields, ddlRequired)
 	}
 	if err != nil {
 		return Record{}, err
@@ -63,6 +65,15 @@ func (d *Decoder) changeRecord(op Op) (Record, error) {
 		if d.inTx {
 			ch.CommitTime = d.txTime
 		}
+	case OpDDL:
+		if !d.inTx {
+			return Record{}, fmt.Errorf("%w: ddl outside a transaction (no begin)", ErrOrder)
+		}
+		if len(f.statement) == 0 {
+			return Record{}, fmt.Errorf("%w: a ddl record without a statement", ErrInvalidRecord)
+		}
+		ch.DDL = &DDL{Tag: string(f.tag), Statement: string(f.statement), SearchPath: string(f.searchPath), Objects: f.objects}
+		ch.CommitTime = d.txTime
 	}
 	d.count++
 	return rec, nil

@@ -2,6 +2,7 @@ package canonical
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -46,6 +47,12 @@ const (
 	fRecords
 	fChecksum
 	fPrevious
+	fTag
+	fStatement
+	fSearchPath
+	fObjects
+	fValue
+	fCalled
 	fUnknown
 )
 
@@ -60,7 +67,9 @@ var fieldNames = [...]string{
 	fUnchanged: "unchanged", fOldUnchanged: "old_unchanged", fTables: "tables",
 	fCascade: "cascade", fRestartIdentity: "restart_identity",
 	fTransactional: "transactional", fPrefix: "prefix", fContent: "content",
-	fRecords: "records", fChecksum: "checksum", fPrevious: "previous", fUnknown: "?",
+	fRecords: "records", fChecksum: "checksum", fPrevious: "previous",
+	fTag: "tag", fStatement: "statement", fSearchPath: "search_path", fObjects: "objects",
+	fValue: "value", fCalled: "called", fUnknown: "?",
 }
 
 func (f field) String() string { return fieldNames[f] }
@@ -152,6 +161,18 @@ func lookupField(key []byte) field {
 		return fChecksum
 	case "previous":
 		return fPrevious
+	case "tag":
+		return fTag
+	case "statement":
+		return fStatement
+	case "search_path":
+		return fSearchPath
+	case "objects":
+		return fObjects
+	case "value":
+		return fValue
+	case "called":
+		return fCalled
 	}
 	return fUnknown
 }
@@ -164,6 +185,7 @@ type recordFields struct {
 	typ, format, version, kind, engine, systemID, slot, serverVersion []byte
 	checksum, previous                                                []byte
 	schema, name, table, replicaIdentity, prefix, content             []byte
+	tag, statement, searchPath                                        []byte
 
 	position, end        Position
 	timeline, xid        uint32
@@ -172,12 +194,15 @@ type recordFields struct {
 	partitioned, cascade bool
 	restartIdentity      bool
 	transactional        bool
+	called               bool
+	value                int64
 
 	columns     []Column
 	primaryKey  []string
 	identityKey []string
 	partitionOf *TableName
 	tables      []TableName
+	objects     []DDLObject
 }
 
 // span locates one decoded value in the Decoder's arena.
@@ -273,6 +298,18 @@ func (d *Decoder) parseField(f field) error {
 		r.prefix, err = d.stringField()
 	case fContent:
 		r.content, err = d.stringField()
+	case fTag:
+		r.tag, err = d.stringField()
+	case fStatement:
+		r.statement, err = d.stringField()
+	case fSearchPath:
+		r.searchPath, err = d.stringField()
+	case fObjects:
+		r.objects, err = d.ddlObjects()
+	case fValue:
+		r.value, err = d.int64()
+	case fCalled:
+		r.called, err = d.boolean()
 	case fPosition:
 		r.position, err = d.position()
 	case fEnd:
@@ -376,6 +413,23 @@ func (d *Decoder) uint(bits int) (uint64, error) {
 		return 0, d.typeError("an unsigned integer")
 	}
 	return d.sc.uint(bits)
+}
+
+// int64 reads a signed 64-bit integer.
+func (d *Decoder) int64() (int64, error) {
+	if c := d.sc.peek(); c != '-' && (c < '0' || c > '9') {
+		return 0, d.typeError("an integer")
+	}
+	start := d.sc.pos
+	num, err := d.sc.number()
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseInt(string(num), 10, 64)
+	if err != nil {
+		return 0, d.sc.errAt(start, ErrInvalidRecord, "%s is not a 64-bit integer", truncateText(num))
+	}
+	return v, nil
 }
 
 func (d *Decoder) boolean() (bool, error) {
@@ -522,6 +576,51 @@ func (d *Decoder) tableName() (TableName, error) {
 	return n, err
 }
 
+// ddlObjects reads the objects of a ddl record.
+func (d *Decoder) ddlObjects() ([]DDLObject, error) {
+	var objects []DDLObject
+	err := d.array(func() error {
+		var o DDLObject
+		var seen uint8
+		err := d.object(func(key []byte) error {
+			var f uint8
+			switch string(key) {
+			case "type":
+				f = 1
+			case "identity":
+				f = 2
+			case "dropped":
+				f = 4
+			default:
+				return d.sc.skip(0)
+			}
+			if seen&f != 0 {
+				return d.sc.errAt(d.sc.pos, ErrInvalidRecord, "duplicate field %q", key)
+			}
+			seen |= f
+			var b []byte
+			var err error
+			switch f {
+			case 1:
+				b, err = d.stringField()
+				o.Type = string(b)
+			case 2:
+				b, err = d.stringField()
+				o.Identity = string(b)
+			case 4:
+				o.Dropped, err = d.boolean()
+			}
+			return err
+		})
+		if err == nil && seen&3 != 3 {
+			err = d.sc.errAt(d.sc.pos, ErrInvalidRecord, "object %d needs type and identity", len(objects)+1)
+		}
+		objects = append(objects, o)
+		return err
+	})
+	return objects, err
+}
+
 // columns reads the columns of a table record.
 func (d *Decoder) columns() ([]Column, error) {
 	cols := []Column{}
@@ -539,6 +638,8 @@ func (d *Decoder) columns() ([]Column, error) {
 				f = 4
 			case "nullable":
 				f = 8
+			case "default":
+				f = 16
 			default:
 				return d.sc.skip(0)
 			}
@@ -559,6 +660,8 @@ func (d *Decoder) columns() ([]Column, error) {
 				c.TypeOID, err = d.uint32()
 			case 8:
 				c.Nullable, err = d.boolean()
+			case 16:
+				c.Default, err = d.boolean()
 			}
 			return err
 		})

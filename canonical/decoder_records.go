@@ -13,6 +13,7 @@ const (
 	rtRow
 	rtChange
 	rtEnd
+	rtSequence
 )
 
 // The members each record type reads, and those it requires.
@@ -33,6 +34,10 @@ var (
 	truncateRequired  = fields(fXID, fPosition, fTables)
 	messageFields     = fields(fT, fXID, fPosition, fTransactional, fPrefix, fContent)
 	messageRequired   = fields(fXID, fPosition, fTransactional, fPrefix, fContent)
+	ddlFields         = fields(fT, fXID, fPosition, fTag, fStatement, fSearchPath, fObjects)
+	ddlRequired       = fields(fXID, fPosition, fTag, fStatement, fSearchPath)
+	sequenceFields    = fields(fT, fSchema, fName, fValue, fCalled)
+	sequenceRequired  = fields(fSchema, fName, fValue, fCalled)
 	endFields         = fields(fT, fPosition, fRecords)
 	endRequired       = fields(fPosition, fRecords)
 )
@@ -59,6 +64,8 @@ func (d *Decoder) record(line []byte) (Record, error) {
 		rec, err = d.changeRecord(op)
 	case rtEnd:
 		rec, err = d.endRecord()
+	case rtSequence:
+		rec, err = d.sequenceRecord()
 	}
 	if err != nil {
 		return Record{}, d.fail(err, name)
@@ -110,6 +117,8 @@ func (d *Decoder) recordType() (recordType, Op, string, error) {
 		return rtRow, 0, "row", nil
 	case "end":
 		return rtEnd, 0, "end", nil
+	case "sequence":
+		return rtSequence, 0, "sequence", nil
 	}
 	if op, ok := ParseOp(string(typ)); ok {
 		return rtChange, op, op.String(), nil
@@ -284,6 +293,19 @@ func makeRow(spans []span, text string) Row {
 		row[i] = Value{text: text[sp.start:sp.end], state: sp.state}
 	}
 	return row
+}
+
+func (d *Decoder) sequenceRecord() (Record, error) {
+	if err := d.scan(sequenceFields, sequenceRequired); err != nil {
+		return Record{}, err
+	}
+	if d.inTx {
+		return Record{}, fmt.Errorf("%w: a sequence inside a transaction", ErrOrder)
+	}
+	f := &d.f
+	d.count++
+	return Record{Type: RecordSequence, Sequence: &Sequence{
+		Schema: string(f.schema), Name: string(f.name), Value: f.value, Called: f.called}}, nil
 }
 
 func (d *Decoder) endRecord() (Record, error) {

@@ -88,6 +88,14 @@ func TestDecoderErrors(t *testing.T) {
 		{"duplicate column", lines(snapshotHeaderLine, `{"t":"table","schema":"s","name":"t","columns":[{"name":"a","type":"int","nullable":true},{"name":"a","type":"int","nullable":true}]}`), 2, 0, ErrInvalidRecord, `duplicate column name "a"`},
 		{"key names no column", lines(snapshotHeaderLine, `{"t":"table","schema":"s","name":"t","columns":[],"primary_key":["id"]}`), 2, 0, ErrInvalidRecord, `primary_key names "id"`},
 		{"column without type", lines(snapshotHeaderLine, `{"t":"table","schema":"s","name":"t","columns":[{"name":"a","nullable":true}]}`), 2, 0, ErrInvalidRecord, "needs name, type and nullable"},
+		{"ddl outside a transaction", lines(changesHeaderLine, `{"t":"ddl","xid":7,"position":"0/10","tag":"CREATE TABLE","statement":"CREATE TABLE x ()","search_path":"public"}`), 2, 0, ErrOrder, "ddl outside a transaction"},
+		{"ddl without a statement", lines(changesHeaderLine, beginLine, `{"t":"ddl","xid":7,"position":"0/10","tag":"CREATE TABLE","statement":"","search_path":"public"}`), 3, 0, ErrInvalidRecord, "without a statement"},
+		{"ddl without its search_path", lines(changesHeaderLine, beginLine, `{"t":"ddl","xid":7,"position":"0/10","tag":"CREATE TABLE","statement":"CREATE TABLE x ()"}`), 3, 0, ErrInvalidRecord, `missing field "search_path"`},
+		{"ddl object without identity", lines(changesHeaderLine, beginLine, `{"t":"ddl","xid":7,"position":"0/10","tag":"CREATE TABLE","statement":"CREATE TABLE x ()","search_path":"","objects":[{"type":"table"}]}`), 3, 0, ErrInvalidRecord, "needs type and identity"},
+		{"ddl in a snapshot", lines(snapshotHeaderLine, `{"t":"ddl","xid":7,"position":"0/10","tag":"CREATE TABLE","statement":"CREATE TABLE x ()","search_path":"public"}`), 2, 0, ErrOrder, "a ddl record in a snapshot stream"},
+		{"sequence inside a transaction", lines(changesHeaderLine, beginLine, `{"t":"sequence","schema":"public","name":"s","value":1,"called":true}`), 3, 0, ErrOrder, "a sequence inside a transaction"},
+		{"sequence value out of range", lines(snapshotHeaderLine, `{"t":"sequence","schema":"public","name":"s","value":9223372036854775808,"called":true}`), 2, 0, ErrInvalidRecord, "not a 64-bit integer"},
+		{"sequence value not a number", lines(snapshotHeaderLine, `{"t":"sequence","schema":"public","name":"s","value":"1","called":true}`), 2, 0, ErrInvalidRecord, "is not an integer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,8 +10,9 @@
 // the end of a committed transaction, or a snapshot's consistent point.
 //
 // A [Change] is one committed change: [OpBegin], then the transaction's
-// [OpInsert], [OpUpdate], [OpDelete], [OpTruncate] and [OpMessage] changes,
-// then [OpCommit], whose Position is the point to resume from.
+// [OpInsert], [OpUpdate], [OpDelete], [OpTruncate], [OpMessage] and [OpDDL]
+// (schema change, [DDL]) changes, then [OpCommit], whose Position is the
+// point to resume from. A [Sequence] is the state of a source sequence.
 //
 // A [Value] is one column value in canonical form: the text the source's
 // type output function prints, which is lossless for every type (numeric
@@ -38,8 +39,10 @@
 //	{"t":"delete","schema":"public","table":"t","xid":745,"position":"0/16B3748","old":["1",null]}
 //	{"t":"truncate","xid":745,"position":"0/16B3748","tables":[{"schema":"public","name":"t"}],"cascade":false,"restart_identity":false}
 //	{"t":"message","xid":745,"position":"0/16B3748","transactional":true,"prefix":"p","content":"aGVsbG8="}
+//	{"t":"ddl","xid":745,"position":"0/16B3748","tag":"ALTER TABLE","statement":"ALTER TABLE t ADD COLUMN note text","search_path":"\"$user\", public","objects":[{"type":"table","identity":"public.t"}]}
 //	{"t":"commit","xid":745,"position":"0/16B3790","commit_time":"2026-11-30T05:00:00.123456Z","sum":"xxxxxxxx"}
-//	{"t":"end","position":"0/16B3790","records":9,"sum":"xxxxxxxx"}
+//	{"t":"sequence","schema":"public","name":"t_id_seq","value":1,"called":true,"sum":"xxxxxxxx"}
+//	{"t":"end","position":"0/16B3790","records":11,"sum":"xxxxxxxx"}
 //
 // ("xxxxxxxx" stands for a checksum, see below. A real stream holds either
 // rows or changes, as its header's [Kind] says:
@@ -53,18 +56,25 @@
 //     continues from), "end" where it ends when known, "previous" the Link
 //     of the backup an incremental continues. A version other than 1 is
 //     refused ([ErrUnsupportedVersion]). See [Header].
-//   - table: a table's columns, keys and replica identity. It comes before
+//   - table: a table's columns (a column's "default" is true when rows
+//     that existed when it was added may hold a value), keys and replica
+//     identity. It comes before
 //     the first row or change of its table, and again whenever the columns
 //     sent with a change differ (like pgoutput's Relation message). Values
 //     are aligned with the latest table record of their table.
 //   - row: one snapshot row.
-//   - begin, insert, update, delete, truncate, message, commit: one [Change]
-//     each. Row changes, truncates and transactional messages come between a
-//     begin and its commit. A value is a JSON string (its text) or null;
+//   - begin, insert, update, delete, truncate, message, ddl, commit: one
+//     [Change] each. Row changes, truncates, schema changes and
+//     transactional messages come between a begin and its commit. A value is a JSON string (its text) or null;
 //     "unchanged" names the columns whose value is an unchanged TOAST value
 //     (their slot holds null), "old_unchanged" the same for "old". "old" is
 //     present when the change has old values. Message content is standard
-//     base64. Row changes take the commit time of their begin.
+//     base64. Row changes take the commit time of their begin. A ddl
+//     record holds the statement the target runs, the search_path it runs
+//     under and, for information, the objects it touched ("dropped" marks
+//     those it dropped); the table records after it have the new shape.
+//   - sequence: a source sequence's last_value and is_called, outside
+//     transactions, in any kind of stream (see [Sequence]).
 //   - end: the last line of a complete stream. "position" is where the
 //     stream ends (the Position to resume from), "records" the number of
 //     records between header and end. A stream without it was cut short: the
@@ -82,10 +92,10 @@
 // with a member "sum": the running CRC-32C of the stream up to and
 // including `"sum":"` of that line, as eight lowercase hex digits. The
 // header (which names the algorithm: "checksum":"crc32c"), every commit,
-// every change outside a transaction, the end record and, in snapshots, a
-// row every 256 KiB are checkpoints. The Decoder verifies each checkpoint
-// as it reads it, and requires one on the header, every commit and the end
-// record of a checked stream, so a changed byte (a digit of a value, a
+// every change outside a transaction, every sequence, the end record and,
+// in snapshots, a row every 256 KiB are checkpoints. The Decoder verifies
+// each checkpoint as it reads it, and requires one on the header, every
+// commit, every sequence and the end record of a checked stream, so a changed byte (a digit of a value, a
 // position or an xid), a record or transaction removed, repeated or moved,
 // or a header made to look unchecked, is an error wrapping [ErrChecksum] at
 // the next checkpoint at the latest: a reader that acts on a transaction

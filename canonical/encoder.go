@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"io"
 	"slices"
+	"strconv"
 )
 
 // Encoder writes a JSONL stream: a header, table records, rows or changes,
@@ -19,7 +20,8 @@ import (
 // call returns it.
 //
 // The stream is checked: the header, every commit, every change outside a
-// transaction, the end record and, in snapshots, a row every 256 KiB
+// transaction, every sequence, the end record and, in snapshots, a row
+// every 256 KiB
 // carry a running CRC-32C of the stream (see [Header].Checked), which the
 // Decoder verifies as it reads.
 //
@@ -248,7 +250,11 @@ func appendTable(b []byte, t *Table) ([]byte, error) {
 		if c.TypeOID != 0 {
 			b = appendUint(appendKey(b, "type_oid"), uint64(c.TypeOID))
 		}
-		b = append(appendBool(appendKey(b, "nullable"), c.Nullable), '}')
+		b = appendBool(appendKey(b, "nullable"), c.Nullable)
+		if c.Default {
+			b = appendBool(appendKey(b, "default"), true)
+		}
+		b = append(b, '}')
 	}
 	b = append(b, ']')
 	for _, k := range [...]struct {
@@ -419,6 +425,30 @@ func appendValues(b []byte, rec string, t *Table, row Row, allowUnchanged bool) 
 	return append(b, ']'), nil
 }
 
+// WriteSequence writes the state of a source sequence, outside any
+// transaction, in a stream of any kind (see [Sequence]).
+func (e *Encoder) WriteSequence(s Sequence) error {
+	const rec = "sequence"
+	if err := e.begin(rec, true); err != nil {
+		return err
+	}
+	name := s.TableName()
+	if e.inTx {
+		return &EncodeError{Record: rec, Table: name, Err: fmt.Errorf("%w: a sequence inside a transaction", ErrOrder)}
+	}
+	b, err := appendTableNames(append(e.buf, ','), "name", name)
+	if err != nil {
+		return &EncodeError{Record: rec, Table: name, Err: err}
+	}
+	b = strconv.AppendInt(appendKey(b, "value"), s.Value, 10)
+	e.buf = append(appendBool(appendKey(b, "called"), s.Called), '}')
+	if err := e.emitChecked(); err != nil {
+		return err
+	}
+	e.count++
+	return nil
+}
+
 // WriteEnd writes the end record, which closes the stream: end is where the
 // stream ends (the Position to resume from). It then flushes. No transaction
 // may be open.
@@ -442,7 +472,8 @@ func (e *Encoder) WriteEnd(end Position) error {
 
 // WriteRecord writes a record as [Decoder.Next] returns it, so a stream can
 // be filtered or copied: a RecordTable with WriteTable, a RecordRow with
-// WriteRow, a RecordChange with WriteChange and a RecordEnd with WriteEnd.
+// WriteRow, a RecordChange with WriteChange, a RecordSequence with
+// WriteSequence and a RecordEnd with WriteEnd.
 func (e *Encoder) WriteRecord(r Record) error {
 	switch r.Type {
 	case RecordTable:
@@ -456,6 +487,11 @@ func (e *Encoder) WriteRecord(r Record) error {
 		return e.WriteChange(r.Change)
 	case RecordEnd:
 		return e.WriteEnd(r.Position)
+	case RecordSequence:
+		if r.Sequence == nil {
+			return &EncodeError{Record: "sequence", Err: fmt.Errorf("%w: nil sequence", ErrInvalidRecord)}
+		}
+		return e.WriteSequence(*r.Sequence)
 	}
 	return &EncodeError{Record: r.Type.String(), Err: fmt.Errorf("%w: unknown record type", ErrInvalidRecord)}
 }

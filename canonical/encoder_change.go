@@ -5,15 +5,15 @@ import (
 	"slices"
 )
 
-// WriteChange writes a change record. Begin, commit, truncate and message
-// records need no table record. For an insert, update or delete, WriteChange
+// WriteChange writes a change record. Begin, commit, truncate, message and
+// ddl records need no table record. For an insert, update or delete, WriteChange
 // first writes a table record when ch.Columns differ from the latest one
 // written for ch's table (like pgoutput's Relation message), keeping that
 // record's keys and replica identity; nil ch.Columns means "the latest table
 // record's columns", which must then exist.
 //
-// Row changes, truncates and transactional messages must come between a
-// begin and its commit; non-transactional messages may come anywhere. Values
+// Row changes, truncates, schema changes and transactional messages must
+// come between a begin and its commit; non-transactional messages may come anywhere. Values
 // that are [Unchanged] are written as null and listed by column name in
 // "unchanged" ("old_unchanged" for ch.Old). ch.CommitTime is written on begin
 // and commit only: the Decoder gives a transaction's changes the commit time
@@ -48,6 +48,8 @@ func (e *Encoder) WriteChange(ch *Change) error {
 		err = e.writeTruncate(ch, rec)
 	case OpMessage:
 		err = e.writeMessage(ch, rec)
+	case OpDDL:
+		err = e.writeDDL(ch, rec)
 	}
 	if err != nil {
 		return err
@@ -244,18 +246,73 @@ func (e *Encoder) writeTruncate(ch *Change, rec string) error {
 }
 
 func (e *Encoder) writeMessage(ch *Change, rec string) error {
+	b, err := appendMessage(e.buf, ch, rec)
+	if err != nil {
+		return err
+	}
+	e.buf = append(b, '}')
+	return nil
+}
+
+// appendMessage appends the members of a message record after its "t".
+func appendMessage(b []byte, ch *Change, rec string) ([]byte, error) {
 	m := ch.Message
 	if m == nil {
-		return &EncodeError{Record: rec, Err: fmt.Errorf("%w: message change without a Message", ErrInvalidRecord)}
+		return b, &EncodeError{Record: rec, Err: fmt.Errorf("%w: message change without a Message", ErrInvalidRecord)}
 	}
-	b := appendTx(e.buf, ch)
+	b = appendTx(b, ch)
 	b = appendBool(appendKey(b, "transactional"), m.Transactional)
 	var bad int
 	if b, bad = appendString(appendKey(b, "prefix"), m.Prefix); bad >= 0 {
-		return &EncodeError{Record: rec, Err: fmt.Errorf("prefix: %w", utf8Error(bad))}
+		return b, &EncodeError{Record: rec, Err: fmt.Errorf("prefix: %w", utf8Error(bad))}
 	}
 	b = append(appendKey(b, "content"), '"')
-	b = base64Std.AppendEncode(b, m.Content)
-	e.buf = append(b, '"', '}')
+	return append(base64Std.AppendEncode(b, m.Content), '"'), nil
+}
+
+func (e *Encoder) writeDDL(ch *Change, rec string) error {
+	b, err := appendDDL(e.buf, ch, rec)
+	if err != nil {
+		return err
+	}
+	e.buf = append(b, '}')
 	return nil
+}
+
+// appendDDL appends the members of a ddl record after its "t".
+func appendDDL(b []byte, ch *Change, rec string) ([]byte, error) {
+	d := ch.DDL
+	if d == nil || d.Statement == "" {
+		return b, &EncodeError{Record: rec, Err: fmt.Errorf("%w: a ddl change without a statement", ErrInvalidRecord)}
+	}
+	fail := func(what string, bad int) error {
+		return &EncodeError{Record: rec, Err: fmt.Errorf("%s: %w", what, utf8Error(bad))}
+	}
+	b = appendTx(b, ch)
+	var bad int
+	for _, m := range [...]struct{ key, val string }{{"tag", d.Tag}, {"statement", d.Statement}, {"search_path", d.SearchPath}} {
+		if b, bad = appendString(appendKey(b, m.key), m.val); bad >= 0 {
+			return b, fail(m.key, bad)
+		}
+	}
+	if len(d.Objects) == 0 {
+		return b, nil
+	}
+	b = append(appendKey(b, "objects"), '[')
+	for i, o := range d.Objects {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if b, bad = appendString(append(b, `{"type":`...), o.Type); bad >= 0 {
+			return b, fail("objects: type", bad)
+		}
+		if b, bad = appendString(appendKey(b, "identity"), o.Identity); bad >= 0 {
+			return b, fail("objects: identity", bad)
+		}
+		if o.Dropped {
+			b = appendBool(appendKey(b, "dropped"), true)
+		}
+		b = append(b, '}')
+	}
+	return append(b, ']'), nil
 }

@@ -23,7 +23,10 @@ func FuzzDecoder(f *testing.F) {
 			Old: Row{Text("1"), Null(), Null(), Null(), Null()}}))
 		require.NoError(f, e.WriteChange(&Change{Op: OpMessage, XID: 3, Position: 10, Message: &Message{Transactional: true, Prefix: "p", Content: []byte{1, 2}}}))
 		require.NoError(f, e.WriteChange(&Change{Op: OpTruncate, XID: 3, Position: 10, Truncated: []TableName{odd.TableName()}}))
+		require.NoError(f, e.WriteChange(&Change{Op: OpDDL, XID: 3, Position: 10, DDL: &DDL{Tag: "ALTER TABLE",
+			Statement: "ALTER TABLE t DROP COLUMN b", SearchPath: "public", Objects: []DDLObject{{Type: "table column", Identity: "public.t.b", Dropped: true}}}}))
 		require.NoError(f, e.WriteChange(&Change{Op: OpCommit, XID: 3, Position: 20, CommitTime: testTime}))
+		require.NoError(f, e.WriteSequence(Sequence{Schema: "public", Name: "s", Value: 42, Called: true}))
 		require.NoError(f, e.WriteEnd(20))
 	}))
 	f.Add(lines(snapshotHeaderLine, tableLine, `{"t":"row","schema":"public","table":"t","values":["1",null]}`,

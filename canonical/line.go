@@ -65,19 +65,15 @@ func appendChangeLines(b []byte, ch *Change, rec string) ([]byte, error) {
 		b = append(b, ']')
 		b = appendBool(appendKey(b, "cascade"), ch.Cascade)
 		b = appendBool(appendKey(b, "restart_identity"), ch.RestartIdentity)
-	case OpMessage:
-		m := ch.Message
-		if m == nil {
-			return b, &EncodeError{Record: rec, Err: fmt.Errorf("%w: message change without a Message", ErrInvalidRecord)}
+	case OpMessage, OpDDL:
+		appendMembers := appendMessage
+		if ch.Op == OpDDL {
+			appendMembers = appendDDL
 		}
-		b = appendTx(appendRecordStart(b, rec), ch)
-		b = appendBool(appendKey(b, "transactional"), m.Transactional)
-		var bad int
-		if b, bad = appendString(appendKey(b, "prefix"), m.Prefix); bad >= 0 {
-			return b, &EncodeError{Record: rec, Err: fmt.Errorf("prefix: %w", utf8Error(bad))}
+		var err error
+		if b, err = appendMembers(appendRecordStart(b, rec), ch, rec); err != nil {
+			return b, err
 		}
-		b = append(appendKey(b, "content"), '"')
-		b = append(base64Std.AppendEncode(b, m.Content), '"')
 	}
 	return append(b, '}', '\n'), nil
 }

@@ -28,6 +28,8 @@ func lineChanges() []*Change {
 		{Op: OpTruncate, XID: 745, Position: 0x16B3748, Truncated: []TableName{odd.TableName(), {Schema: "public", Name: "b"}},
 			Cascade: true, RestartIdentity: true},
 		{Op: OpMessage, XID: 745, Position: 0x16B3748, Message: &Message{Transactional: true, Prefix: "app/ü", Content: []byte{0, 1, 2, 0xFF}}},
+		{Op: OpDDL, XID: 745, Position: 0x16B3748, DDL: &DDL{Tag: "CREATE INDEX", Statement: "CREATE INDEX i ON t (b)", SearchPath: "public",
+			Objects: []DDLObject{{Type: "index", Identity: "public.i"}}}},
 		{Op: OpCommit, XID: 745, Position: 0x16B3790, CommitTime: testTime},
 		{Op: OpMessage, Position: 0x16B3800, Message: &Message{Prefix: "between transactions"}},
 	}
@@ -112,7 +114,7 @@ func TestParseChangeRefuses(t *testing.T) {
 	insert, err := AppendChange(nil, lineChanges()[1])
 	require.NoError(t, err)
 	tableLine, insertLine, _ := strings.Cut(string(insert), "\n")
-	commit, err := AppendChange(nil, lineChanges()[6])
+	commit, err := AppendChange(nil, lineChanges()[7])
 	require.NoError(t, err)
 	tests := []struct {
 		name     string

@@ -21,13 +21,18 @@ const (
 	// Record.Position is where the stream ends, Record.Count how many
 	// records came between header and end.
 	RecordEnd
+	// RecordSequence is the state of a source sequence: Record.Sequence
+	// holds it. It comes outside transactions, in snapshots and change
+	// streams alike.
+	RecordSequence
 )
 
 var recordTypeNames = [...]string{
-	RecordTable:  "table",
-	RecordRow:    "row",
-	RecordChange: "change",
-	RecordEnd:    "end",
+	RecordTable:    "table",
+	RecordRow:      "row",
+	RecordChange:   "change",
+	RecordEnd:      "end",
+	RecordSequence: "sequence",
 }
 
 // String returns the record type's name.
@@ -58,6 +63,8 @@ type Record struct {
 	// Count is the number of records between header and end of a
 	// RecordEnd (the Decoder has checked it).
 	Count uint64
+	// Sequence holds a RecordSequence.
+	Sequence *Sequence
 }
 
 // TableName returns the name of the record's table; zero when it has none.

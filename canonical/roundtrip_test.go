@@ -158,7 +158,7 @@ func oddTable() *Table {
 			{Name: `"quoted"`, Type: `"My Type"[]`, Nullable: true},
 			{Name: "with space", Type: "text", Nullable: true},
 			{Name: "日本語😀", Type: "public.\"ça\"", Nullable: true},
-			{Name: "tab\there", Type: "text", Nullable: true},
+			{Name: "tab\there", Type: "text", Nullable: true, Default: true},
 		},
 		PrimaryKey:      []string{"ID", "with space"},
 		IdentityKey:     []string{"日本語😀"},
@@ -229,21 +229,27 @@ func TestChangesRoundTrip(t *testing.T) {
 		{Op: OpTruncate, XID: 745, Position: 0x16B3748, Truncated: []TableName{odd.TableName(), {Schema: "public", Name: "b"}},
 			Cascade: true, RestartIdentity: true},
 		{Op: OpMessage, XID: 745, Position: 0x16B3748, Message: &Message{Transactional: true, Prefix: "app/ü", Content: []byte{0, 1, 2, 0xFF}}},
+		{Op: OpDDL, XID: 745, Position: 0x16B3748, DDL: &DDL{Tag: "ALTER TABLE", Statement: "ALTER TABLE \"Odd\" ADD COLUMN \"ü\" text DEFAULT 'a\nb'",
+			SearchPath: `"$user", public`, Objects: []DDLObject{{Type: "table", Identity: "public.\"Odd\""}, {Type: "index", Identity: "public.i", Dropped: true}}}},
+		{Op: OpDDL, XID: 745, Position: 0x16B3748, DDL: &DDL{Tag: "GRANT", Statement: "GRANT SELECT ON t TO PUBLIC"}},
 		{Op: OpCommit, XID: 745, Position: 0x16B3790, CommitTime: testTime},
 	}
 	nonTx := &Change{Op: OpMessage, Position: 0x16B3800, Message: &Message{Prefix: "heartbeat"}}
+	seq := Sequence{Schema: "public", Name: "t_id_seq", Value: -9223372036854775808, Called: true}
 	data := encode(t, testHeader, func(e *Encoder) {
 		require.NoError(t, e.WriteTable(odd))
 		for _, ch := range tx1 {
 			require.NoError(t, e.WriteChange(ch))
 		}
 		require.NoError(t, e.WriteChange(nonTx))
+		require.NoError(t, e.WriteSequence(seq))
 		require.NoError(t, e.WriteEnd(0x16B3790))
 	})
 	h, recs, err := decodeAll(data)
 	require.NoError(t, err)
 	assert.Equal(t, testHeader, h)
-	require.Len(t, recs, 1+len(tx1)+2, "no extra table record: the changes' columns match")
+	require.Len(t, recs, 1+len(tx1)+3, "no extra table record: the changes' columns match")
+	assert.Equal(t, Record{Type: RecordSequence, Sequence: &seq}, recs[len(recs)-2])
 
 	assert.Equal(t, odd, recs[0].Table)
 	for i, want := range tx1 {
@@ -255,7 +261,7 @@ func TestChangesRoundTrip(t *testing.T) {
 		case OpInsert, OpUpdate, OpDelete:
 			exp.CommitTime = testTime // from the begin record
 			assert.Same(t, recs[0].Table, rec.Table)
-		case OpTruncate, OpMessage:
+		case OpTruncate, OpMessage, OpDDL:
 			exp.CommitTime = testTime
 		}
 		assert.Equal(t, &exp, got, "change %d (%s)", i, want.Op)
@@ -266,7 +272,7 @@ func TestChangesRoundTrip(t *testing.T) {
 	assert.Empty(t, msg.Message.Content)
 	assert.False(t, msg.Message.Transactional)
 	assert.True(t, msg.CommitTime.IsZero())
-	assert.Equal(t, Record{Type: RecordEnd, Position: 0x16B3790, Count: uint64(1 + len(tx1) + 1)}, recs[len(recs)-1])
+	assert.Equal(t, Record{Type: RecordEnd, Position: 0x16B3790, Count: uint64(1 + len(tx1) + 2)}, recs[len(recs)-1])
 }
 
 // TestWriteRecordCopiesStream decodes a stream and writes its records to a

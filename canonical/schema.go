@@ -69,6 +69,11 @@ type Column struct {
 	// TypeOID is the source's type OID (PostgreSQL-specific, informative).
 	TypeOID  uint32 `json:"type_oid,omitempty"`
 	Nullable bool   `json:"nullable"`
+	// Default is true when the source column has a default, an identity or
+	// a value for the rows that existed when it was added: those rows may
+	// hold values other than NULL. Set in change streams' table records; an
+	// apply that adds a column the target lacks does so only without it.
+	Default bool `json:"default,omitempty"`
 }
 
 // ColumnIndex returns the position of the named column, or -1.
