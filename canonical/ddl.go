@@ -14,6 +14,14 @@ type DDL struct {
 	// SearchPath is the search_path the statement ran under on the source;
 	// the target runs it under the same one.
 	SearchPath string
+	// Role is the role of the source session that ran the statement
+	// (session_user), for information.
+	Role string
+	// Problem, when set, says why the statement cannot be replayed as it
+	// is (it ran in a function that does not report its statements, or the
+	// capture failed on the source): Statement then holds the whole query
+	// the source ran, for information, and an apply stops there.
+	Problem string
 	// Objects lists what the statement created, altered or dropped, as
 	// PostgreSQL identifies them (pg_event_trigger_ddl_commands and
 	// pg_event_trigger_dropped_objects): for information, the target does

@@ -72,7 +72,8 @@ func (d *Decoder) changeRecord(op Op) (Record, error) {
 		if len(f.statement) == 0 {
 			return Record{}, fmt.Errorf("%w: a ddl record without a statement", ErrInvalidRecord)
 		}
-		ch.DDL = &DDL{Tag: string(f.tag), Statement: string(f.statement), SearchPath: string(f.searchPath), Objects: f.objects}
+		ch.DDL = &DDL{Tag: string(f.tag), Statement: string(f.statement), SearchPath: string(f.searchPath),
+			Role: string(f.role), Problem: string(f.problem), Objects: f.objects}
 		ch.CommitTime = d.txTime
 	}
 	d.count++

@@ -53,6 +53,8 @@ const (
 	fObjects
 	fValue
 	fCalled
+	fRole
+	fProblem
 	fUnknown
 )
 
@@ -69,7 +71,7 @@ var fieldNames = [...]string{
 	fTransactional: "transactional", fPrefix: "prefix", fContent: "content",
 	fRecords: "records", fChecksum: "checksum", fPrevious: "previous",
 	fTag: "tag", fStatement: "statement", fSearchPath: "search_path", fObjects: "objects",
-	fValue: "value", fCalled: "called", fUnknown: "?",
+	fValue: "value", fCalled: "called", fRole: "role", fProblem: "problem", fUnknown: "?",
 }
 
 func (f field) String() string { return fieldNames[f] }
@@ -173,6 +175,10 @@ func lookupField(key []byte) field {
 		return fValue
 	case "called":
 		return fCalled
+	case "role":
+		return fRole
+	case "problem":
+		return fProblem
 	}
 	return fUnknown
 }
@@ -185,7 +191,7 @@ type recordFields struct {
 	typ, format, version, kind, engine, systemID, slot, serverVersion []byte
 	checksum, previous                                                []byte
 	schema, name, table, replicaIdentity, prefix, content             []byte
-	tag, statement, searchPath                                        []byte
+	tag, statement, searchPath, role, problem                         []byte
 
 	position, end        Position
 	timeline, xid        uint32
@@ -304,6 +310,10 @@ func (d *Decoder) parseField(f field) error {
 		r.statement, err = d.stringField()
 	case fSearchPath:
 		r.searchPath, err = d.stringField()
+	case fRole:
+		r.role, err = d.stringField()
+	case fProblem:
+		r.problem, err = d.stringField()
 	case fObjects:
 		r.objects, err = d.ddlObjects()
 	case fValue:

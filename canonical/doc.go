@@ -71,8 +71,10 @@
 //     present when the change has old values. Message content is standard
 //     base64. Row changes take the commit time of their begin. A ddl
 //     record holds the statement the target runs, the search_path it runs
-//     under and, for information, the objects it touched ("dropped" marks
-//     those it dropped); the table records after it have the new shape.
+//     under and, for information, the role that ran it and the objects it
+//     touched ("dropped" marks those it dropped); "problem", when present,
+//     says why the statement cannot be replayed (see [DDL]). The table
+//     records after it have the new shape.
 //   - sequence: a source sequence's last_value and is_called, outside
 //     transactions, in any kind of stream (see [Sequence]).
 //   - end: the last line of a complete stream. "position" is where the

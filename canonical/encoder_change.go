@@ -295,6 +295,12 @@ func appendDDL(b []byte, ch *Change, rec string) ([]byte, error) {
 			return b, fail(m.key, bad)
 		}
 	}
+	for _, m := range [...]struct{ key, val string }{{"role", d.Role}, {"problem", d.Problem}} {
+		var err error
+		if b, err = appendOptString(b, m.key, m.val); err != nil {
+			return b, &EncodeError{Record: rec, Err: fmt.Errorf("%s: %w", m.key, err)}
+		}
+	}
 	if len(d.Objects) == 0 {
 		return b, nil
 	}

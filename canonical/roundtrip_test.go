@@ -230,8 +230,8 @@ func TestChangesRoundTrip(t *testing.T) {
 			Cascade: true, RestartIdentity: true},
 		{Op: OpMessage, XID: 745, Position: 0x16B3748, Message: &Message{Transactional: true, Prefix: "app/ü", Content: []byte{0, 1, 2, 0xFF}}},
 		{Op: OpDDL, XID: 745, Position: 0x16B3748, DDL: &DDL{Tag: "ALTER TABLE", Statement: "ALTER TABLE \"Odd\" ADD COLUMN \"ü\" text DEFAULT 'a\nb'",
-			SearchPath: `"$user", public`, Objects: []DDLObject{{Type: "table", Identity: "public.\"Odd\""}, {Type: "index", Identity: "public.i", Dropped: true}}}},
-		{Op: OpDDL, XID: 745, Position: 0x16B3748, DDL: &DDL{Tag: "GRANT", Statement: "GRANT SELECT ON t TO PUBLIC"}},
+			SearchPath: `"$user", public`, Role: "app", Objects: []DDLObject{{Type: "table", Identity: "public.\"Odd\""}, {Type: "index", Identity: "public.i", Dropped: true}}}},
+		{Op: OpDDL, XID: 745, Position: 0x16B3748, DDL: &DDL{Tag: "GRANT", Statement: "GRANT SELECT ON t TO PUBLIC; SELECT f()", Problem: "ran in an SQL function"}},
 		{Op: OpCommit, XID: 745, Position: 0x16B3790, CommitTime: testTime},
 	}
 	nonTx := &Change{Op: OpMessage, Position: 0x16B3800, Message: &Message{Prefix: "heartbeat"}}
