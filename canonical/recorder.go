@@ -31,8 +31,10 @@ import (
 // them; a snapshot is recorded as a snapshot stream (EmitCanonical), since
 // changes and rows do not mix in one stream.
 //
-// Errors are final: after one, Emit and Close return it. A Recorder is
-// not safe for concurrent use.
+// The end record is written by Close: a process that dies before leaves a
+// recording that reads as cut short ([ErrTruncated]) after its last
+// complete transaction. Errors are final: after one, Emit and Close return
+// it. A Recorder is not safe for concurrent use.
 type Recorder struct {
 	enc     *Encoder
 	from    Position
@@ -45,9 +47,10 @@ type Recorder struct {
 }
 
 // NewRecorder returns a Recorder that writes to w a recording of the stream
-// that continues from (the from StreamChanges is given; zero for hand-made
-// changes), the recording's start Position. It writes nothing before the
-// first transaction or Close.
+// that continues from: the from given to StreamChanges, zero when it is
+// not known (a zero from, hand-made changes). It is the recording's start,
+// before which [Replay] refuses to resume. The Recorder writes nothing
+// before the first transaction or Close.
 func NewRecorder(w io.Writer, from Position) *Recorder {
 	return &Recorder{enc: NewEncoder(w), from: from, end: from}
 }

@@ -11,7 +11,7 @@ import (
 // start of the recording: the changes between from and the start are not
 // in it, and replaying the rest as if they were would lose them silently,
 // as StreamChanges refuses to (its ResumeGapError).
-var ErrReplayGap = errors.New("the recording starts after from")
+var ErrReplayGap = errors.New("from is before the recording's start")
 
 // Replay reads a recorded stream from r and delivers it to emit exactly as
 // StreamChanges would have, so a handler can be tested with no server,
@@ -33,12 +33,17 @@ var ErrReplayGap = errors.New("the recording starts after from")
 // Replay returns the Position to resume from: the end of the last
 // transaction whose OpCommit emit returned nil (while there is none, from,
 // or for a zero from the start of a change recording) and, once the
-// recording is replayed to its end, the recording's end Position (from when
-// that is later). An error of emit stops the replay and is returned wrapped, naming
-// the change's Op and Position. As with StreamChanges, ctx cancellation is
-// a normal stop: Replay returns the Position and nil; a ctx past its
-// deadline returns the Position and an error wrapping
-// [context.DeadlineExceeded].
+// recording is replayed to its end, the recording's end Position (from
+// when that is later). An error of emit stops the replay and is returned
+// wrapped, naming the change's Op and Position. As with StreamChanges, ctx
+// cancellation is a normal stop: Replay returns the Position and nil; a
+// ctx past its deadline returns the Position and an error wrapping
+// [context.DeadlineExceeded]. Code written against StreamChanges' shape
+// takes a replay in its place through a closure:
+//
+//	stream := func(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
+//		return canonical.Replay(ctx, bytes.NewReader(recording), from, emit)
+//	}
 //
 // The recording is checked as it is read (see [Decoder]): a damaged one is
 // an error ([*DecodeError]) at the commit of the damaged transaction at the
@@ -65,7 +70,7 @@ func Replay(ctx context.Context, r io.Reader, from Position, emit func(Change) e
 	case from == 0:
 		rp.resume = h.Start
 	case from < h.Start:
-		return from, fmt.Errorf("canonical: replay from %v: %w at %v", from, ErrReplayGap, h.Start)
+		return from, fmt.Errorf("canonical: replay from %v: %w (%v): the changes in between are not in it", from, ErrReplayGap, h.Start)
 	}
 	for {
 		if ctx.Err() != nil {

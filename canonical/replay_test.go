@@ -155,7 +155,7 @@ func TestReplayRefusesAFromBeforeTheRecording(t *testing.T) {
 	require.ErrorIs(t, err, canonical.ErrReplayGap)
 	assert.Equal(t, canonical.Position(0x800), pos)
 	assert.False(t, called, "nothing delivered")
-	assert.Contains(t, err.Error(), "replay from 0/800: the recording starts after from at 0/1000")
+	assert.EqualError(t, err, "canonical: replay from 0/800: from is before the recording's start (0/1000): the changes in between are not in it")
 }
 
 func TestReplayStopsWithCtx(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Conversions of a Value's text to Go types. They are conveniences over the
@@ -45,13 +46,24 @@ type ConversionError struct {
 
 // Error names the value and the type, for example
 // `canonical: convert "12.50" to int64: not convertible: not an integer`.
+// A long text is cut after its first 64 bytes, with its length.
 func (e *ConversionError) Error() string {
 	shown := e.Value.String()
-	if _, ok := e.Value.Text(); ok {
-		shown = strconv.Quote(shown)
+	if text, ok := e.Value.Text(); ok {
+		shown = strconv.Quote(text)
+		if len(text) > shownBytes {
+			cut := shownBytes
+			for cut > 0 && !utf8.RuneStart(text[cut]) {
+				cut--
+			}
+			shown = strconv.Quote(text[:cut]) + "... (" + strconv.Itoa(len(text)) + " bytes)"
+		}
 	}
 	return "canonical: convert " + shown + " to " + e.To + ": " + e.Err.Error()
 }
+
+// shownBytes is how much of a value's text a ConversionError shows.
+const shownBytes = 64
 
 // Unwrap returns Err.
 func (e *ConversionError) Unwrap() error { return e.Err }

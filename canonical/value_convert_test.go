@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/big"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,6 +177,9 @@ func TestConversionErrorSaysWhatAndWhy(t *testing.T) {
 	assert.EqualError(t, err, `canonical: convert "NaN" to *big.Rat: not convertible: not a finite number`)
 	_, err = canonical.Null().Time()
 	assert.EqualError(t, err, `canonical: convert NULL to time.Time: NULL value`)
+	_, err = canonical.Text("a" + strings.Repeat("é", 40)).Int64()
+	assert.EqualError(t, err, `canonical: convert "a`+strings.Repeat("é", 31)+`"... (81 bytes) to int64: not convertible: not an integer`,
+		"a long text is cut, at a character boundary")
 	_, err = canonical.Unchanged().Bool()
 	assert.EqualError(t, err, `canonical: convert (unchanged) to bool: unchanged TOAST value, not sent with the update`)
 }
