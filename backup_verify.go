@@ -75,7 +75,35 @@ func (r *VerifyReport) problem(format string, args ...any) {
 // and that it agrees with its envelope. Problems with the stream go in the
 // report (OK false); Verify returns an error only when it could not
 // check: the reader failed, ctx ended, pg_restore is missing.
+//
+// Of the Conn it uses only its options ([WithUncheckedStreams]):
+// [VerifyStream] does the same with no Conn and no server.
 func (c *Conn) Verify(ctx context.Context, r io.Reader) (*VerifyReport, error) {
+	return verifyStream(ctx, r, c.opts.uncheckedStreams)
+}
+
+// VerifyStream is [Conn.Verify] without a Conn, for a process that checks
+// backups and has no database to connect to (a backup orchestrator, the
+// first step of a restore drill): verifying needs only the stream, and
+// pg_restore for a dump. Of opts only [WithUncheckedStreams] has an effect
+// (the others configure a Conn's sessions): without it, a bare JSONL
+// stream that carries no checksums is a problem, as it is for a Conn.
+func VerifyStream(ctx context.Context, r io.Reader, opts ...Option) (*VerifyReport, error) {
+	return verifyStream(ctx, r, acceptsUnchecked(opts))
+}
+
+// acceptsUnchecked reports whether opts include WithUncheckedStreams.
+func acceptsUnchecked(opts []Option) bool {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o.uncheckedStreams
+}
+
+// verifyStream is Verify; unchecked accepts JSONL streams without
+// checksums.
+func verifyStream(ctx context.Context, r io.Reader, unchecked bool) (*VerifyReport, error) {
 	rep := &VerifyReport{}
 	counted := &countingReader{r: &ctxReader{ctx: ctx, r: r}}
 	br := bufio.NewReaderSize(counted, 64<<10)
@@ -83,9 +111,9 @@ func (c *Conn) Verify(ctx context.Context, r io.Reader) (*VerifyReport, error) {
 	if first, _ := br.Peek(1); len(first) == 1 && first[0] == '{' {
 		err = verifyJSONL(br, rep, nil)
 		rep.Bytes = counted.n - int64(br.Buffered())
-		if err == nil && !rep.Checked && !c.opts.uncheckedStreams {
+		if err == nil && !rep.Checked && !unchecked {
 			rep.problem("the JSONL stream carries no checksums (written by hand, or by siphon before streams were checked): " +
-				"nothing vouches for its content; write it with canonical.Encoder, or connect WithUncheckedStreams to accept it")
+				"nothing vouches for its content; write it with canonical.Encoder, or accept it with WithUncheckedStreams")
 		}
 	} else {
 		err = verifyEnvelope(ctx, br, rep)
@@ -326,11 +354,24 @@ type ChainReport struct {
 // after the first an incremental that starts exactly where the previous
 // one ended (a gap loses changes, an overlap repeats them), and, between
 // envelopes, each Previous naming the previous link. It returns an error
-// only when it could not read a link.
+// only when it could not read a link. Like Verify it touches no database:
+// [VerifyStreamChain] does the same with no Conn.
 func (c *Conn) VerifyChain(ctx context.Context, links ...io.Reader) (*ChainReport, error) {
+	return verifyChain(ctx, links, c.opts.uncheckedStreams)
+}
+
+// VerifyStreamChain is [Conn.VerifyChain] without a Conn, as
+// [VerifyStream] is [Conn.Verify]: links are the chain's streams in order,
+// and of opts only [WithUncheckedStreams] has an effect.
+func VerifyStreamChain(ctx context.Context, links []io.Reader, opts ...Option) (*ChainReport, error) {
+	return verifyChain(ctx, links, acceptsUnchecked(opts))
+}
+
+// verifyChain is VerifyChain; unchecked as for verifyStream.
+func verifyChain(ctx context.Context, links []io.Reader, unchecked bool) (*ChainReport, error) {
 	chain := &ChainReport{}
 	for i, r := range links {
-		rep, err := c.Verify(ctx, r)
+		rep, err := verifyStream(ctx, r, unchecked)
 		if err != nil {
 			return nil, fmt.Errorf("siphon: verify chain, link %d: %w", i+1, err)
 		}

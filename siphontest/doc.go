@@ -56,6 +56,29 @@
 // [Server.SkipUnlessDumpClients] where this machine's pg_dump is older than
 // the server, which it refuses to dump.
 //
+// # Recorded streams
+//
+// The other half of testing a handler needs no server: record a live
+// stream once into a file committed under testdata, and replay it into the
+// handler in every run, deterministically. [canonical.Recorder] records
+// what StreamChanges delivers (in front of the handler, as a tee);
+// [canonical.Replay] delivers a recording as StreamChanges would (begin,
+// changes, commit, Positions; from a Position, to test resume logic).
+// [Recording] runs the golden-file workflow: it returns the committed
+// recording, and records it again from a live server only when
+// SIPHON_RECORD is set:
+//
+//	stream := siphontest.Recording(t, "testdata/orders.jsonl", func(w io.Writer) error {
+//		dsn := siphontest.Start(t).NewDatabase(t)
+//		return recordWorkload(ctx, dsn, w)
+//	})
+//	_, err := canonical.Replay(ctx, bytes.NewReader(stream), 0, handler.Handle)
+//
+// The recorder and the replayer live in package canonical, not here: they
+// need nothing but the codec, and they serve outside tests too (replaying
+// an incremental backup into the live handler, recording a production
+// stream to reproduce a handler's failure).
+//
 // [Launch] starts a server outside tests (the examples use it to run on an
 // embedded throwaway PostgreSQL); its caller closes it.
 package siphontest

@@ -18,50 +18,54 @@ type Revenue struct {
 // NewRevenue returns an empty Revenue.
 func NewRevenue() *Revenue { return &Revenue{ByCustomer: map[string]*big.Rat{}} }
 
-// Handle applies one change; it has the shape StreamChanges wants.
+// orders is the table Revenue follows.
+var orders = canonical.TableName{Schema: "shop", Name: "orders"}
+
+// Handle applies one change; it has the shape StreamChanges wants. A
+// snapshot's rows, delivered by canonical.SnapshotChanges, are inserts.
 func (r *Revenue) Handle(ch canonical.Change) error {
-	if ch.Schema != "shop" || ch.Table != "orders" {
+	if ch.Op == canonical.OpTruncate {
+		for _, t := range ch.Truncated {
+			if t == orders {
+				r.ByCustomer = map[string]*big.Rat{}
+			}
+		}
+		return nil
+	}
+	if ch.TableName() != orders {
 		return nil
 	}
 	switch ch.Op {
 	case canonical.OpInsert:
-		return r.add(ch.Columns, ch.New, 1)
+		return r.add(ch.Value, 1)
 	case canonical.OpUpdate:
 		if ch.Old == nil {
 			return fmt.Errorf("update of shop.orders without the old row: set REPLICA IDENTITY FULL")
 		}
-		if err := r.add(ch.Columns, ch.Old, -1); err != nil {
+		if err := r.add(ch.OldValue, -1); err != nil {
 			return err
 		}
-		return r.add(ch.Columns, ch.New, 1)
+		return r.add(ch.Value, 1)
 	case canonical.OpDelete:
-		return r.add(ch.Columns, ch.Old, -1)
-	case canonical.OpTruncate:
-		r.ByCustomer = map[string]*big.Rat{}
+		return r.add(ch.OldValue, -1)
 	}
 	return nil
 }
 
-// add adds sign × the row's total to its customer.
-func (r *Revenue) add(cols []canonical.Column, row canonical.Row, sign int64) error {
-	var customer, total string
-	for i, col := range cols {
-		text, _ := row[i].Text()
-		switch col.Name {
-		case "customer":
-			customer = text
-		case "total":
-			total = text
-		}
+// add adds sign × the total of a row to its customer; value reads the row
+// (the change's new or old values).
+func (r *Revenue) add(value func(column string) (canonical.Value, bool), sign int64) error {
+	customer, _ := value("customer")
+	name, _ := customer.Text()
+	total, _ := value("total")
+	amount, err := total.Rat() // numeric exactly: no float drift; NaN is an error
+	if err != nil {
+		return fmt.Errorf("an order of %q: %w", name, err)
 	}
-	amount, ok := new(big.Rat).SetString(total) // numeric text is exact decimal
-	if !ok {
-		return fmt.Errorf("total %q is not a number", total)
-	}
-	sum := r.ByCustomer[customer]
+	sum := r.ByCustomer[name]
 	if sum == nil {
 		sum = new(big.Rat)
-		r.ByCustomer[customer] = sum
+		r.ByCustomer[name] = sum
 	}
 	sum.Add(sum, amount.Mul(amount, big.NewRat(sign, 1)))
 	return nil

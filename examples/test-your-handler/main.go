@@ -1,17 +1,17 @@
 // Command test-your-handler shows how to test replication logic written on
-// siphon: the handler in handler.go is tested in handler_test.go twice —
-// against a recorded change stream with no server at all, and live against
-// a throwaway PostgreSQL from siphontest. Copy handler_test.go as a start.
+// siphon: the handler in handler.go is tested in handler_test.go against a
+// recorded change stream with no server at all, with hand-made changes,
+// and live against a throwaway PostgreSQL from siphontest. Copy
+// handler_test.go as a start.
 //
 //	go test ./examples/test-your-handler          # the tests
-//	go run ./examples/test-your-handler           # records a stream and replays it
-//	go run ./examples/test-your-handler -record examples/test-your-handler/testdata/orders.jsonl
+//	go run ./examples/test-your-handler           # records a stream live and replays it
+//	SIPHON_RECORD=1 go test -run TestRevenueFromRecording ./examples/test-your-handler   # records testdata/orders.jsonl again
 package main
 
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -25,19 +25,18 @@ import (
 )
 
 func main() {
-	record := flag.String("record", "", "also write the recorded stream to this file")
-	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := run(ctx, *record, os.Stdout); err != nil {
+	if err := run(ctx, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "test-your-handler:", err)
 		os.Exit(1)
 	}
 }
 
-// run records the demo workload's change stream on an embedded PostgreSQL,
-// then replays it into the handler.
-func run(ctx context.Context, recordPath string, out io.Writer) error {
+// run streams the demo workload's changes on an embedded PostgreSQL into
+// the handler, recording them as it goes, then replays the recording into
+// a new handler, with no server: both end with the same totals.
+func run(ctx context.Context, out io.Writer) error {
 	srv, err := siphontest.Launch(ctx)
 	if err != nil {
 		return fmt.Errorf("start an embedded PostgreSQL: %w", err)
@@ -49,36 +48,58 @@ func run(ctx context.Context, recordPath string, out io.Writer) error {
 	}
 	defer drop(context.Background())
 
-	var stream bytes.Buffer
-	if err := recordWorkload(ctx, dsn, "handler_demo", &stream); err != nil {
+	live := NewRevenue()
+	var recording bytes.Buffer
+	if err := recordWorkload(ctx, dsn, "handler_demo", &recording, live.Handle); err != nil {
 		return err
 	}
-	if recordPath != "" {
-		if err := os.WriteFile(recordPath, stream.Bytes(), 0o644); err != nil {
-			return err
+	fmt.Fprintf(out, "live:     %s\n", totals(live))
+
+	replayed := NewRevenue()
+	transactions := 0
+	_, err = canonical.Replay(ctx, &recording, 0, func(ch canonical.Change) error {
+		if ch.Op == canonical.OpCommit {
+			transactions++
 		}
-	}
-	revenue := NewRevenue()
-	n, err := Replay(&stream, revenue.Handle)
+		return replayed.Handle(ch)
+	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "replayed %d changes: alice %s, bob %s, carol %s\n", n,
-		revenue.Total("alice"), revenue.Total("bob"), revenue.Total("carol"))
+	fmt.Fprintf(out, "replayed: %s (%d transactions, no server)\n", totals(replayed), transactions)
 	return nil
 }
 
-// recordWorkload creates shop.orders, writes a few transactions, and records
-// them as a canonical JSONL stream (an incremental backup of the slot).
-func recordWorkload(ctx context.Context, dsn, slot string, w io.Writer) error {
+func totals(r *Revenue) string {
+	return fmt.Sprintf("alice %s, bob %s, carol %s", r.Total("alice"), r.Total("bob"), r.Total("carol"))
+}
+
+// workload is the demo's transactions on shop.orders.
+var workload = []string{
+	`INSERT INTO shop.orders VALUES (1, 'alice', 10.50), (2, 'bob', 99.99), (3, 'alice', 0.25)`,
+	`UPDATE shop.orders SET total = 12.00 WHERE id = 1`,
+	`INSERT INTO shop.orders VALUES (4, 'carol', 5.00)`,
+	`DELETE FROM shop.orders WHERE id = 2; INSERT INTO shop.orders VALUES (5, 'bob', 1.01)`, // one transaction
+}
+
+// createOrders creates table shop.orders.
+func createOrders(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, `CREATE SCHEMA shop;
+		CREATE TABLE shop.orders (id int PRIMARY KEY, customer text NOT NULL, total numeric(12,2) NOT NULL);
+		ALTER TABLE shop.orders REPLICA IDENTITY FULL`)
+	return err
+}
+
+// recordWorkload creates shop.orders, runs the workload, and streams its
+// changes into handle through a canonical.Recorder that writes them to w:
+// the handler receives the live stream, and w its recording.
+func recordWorkload(ctx context.Context, dsn, slot string, w io.Writer, handle func(canonical.Change) error) error {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA shop;
-		CREATE TABLE shop.orders (id int PRIMARY KEY, customer text NOT NULL, total numeric(12,2) NOT NULL);
-		ALTER TABLE shop.orders REPLICA IDENTITY FULL`); err != nil {
+	if err := createOrders(ctx, conn); err != nil {
 		return err
 	}
 	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot))
@@ -86,43 +107,41 @@ func recordWorkload(ctx context.Context, dsn, slot string, w io.Writer) error {
 		return err
 	}
 	defer c.Close()
-	since, err := c.CurrentPosition(ctx)
+	from, err := c.CurrentPosition(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, `
-		INSERT INTO shop.orders VALUES (1, 'alice', 10.50), (2, 'bob', 99.99), (3, 'alice', 0.25);
-		UPDATE shop.orders SET total = 12.00 WHERE id = 1;
-		INSERT INTO shop.orders VALUES (4, 'carol', 5.00);
-		DELETE FROM shop.orders WHERE id = 2;
-		INSERT INTO shop.orders VALUES (5, 'bob', 1.01);`); err != nil {
+	rec := canonical.NewRecorder(w, from)
+	if err := streamWorkload(ctx, c, conn, from, rec.Tee(handle)); err != nil {
 		return err
 	}
-	_, err = c.BackupIncremental(ctx, since, w)
-	return err
+	return rec.Close()
 }
 
-// Replay feeds every change of a recorded canonical stream to handle and
-// returns how many it fed: the same calls StreamChanges would make.
-func Replay(r io.Reader, handle func(canonical.Change) error) (int, error) {
-	dec := canonical.NewDecoder(r)
-	if _, err := dec.Header(); err != nil {
-		return 0, err
+// streamWorkload runs the workload and streams the changes committed after
+// from into emit, until the workload's last commit.
+func streamWorkload(ctx context.Context, c *siphon.Conn, conn *pgx.Conn, from canonical.Position, emit func(canonical.Change) error) error {
+	for _, sql := range workload {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return err
+		}
 	}
-	n := 0
-	for {
-		rec, err := dec.Next()
-		if err == io.EOF {
-			return n, nil
+	// StreamChanges runs until its ctx is cancelled: the handler cancels
+	// it once it has seen the workload's transactions (the database has no
+	// others), and a deadline bounds the wait.
+	streamCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+	defer stop()
+	commits := 0
+	_, err := c.StreamChanges(streamCtx, from, func(ch canonical.Change) error {
+		if err := emit(ch); err != nil {
+			return err
 		}
-		if err != nil {
-			return n, err
-		}
-		if rec.Type == canonical.RecordChange {
-			if err := handle(*rec.Change); err != nil {
-				return n, err
+		if ch.Op == canonical.OpCommit {
+			if commits++; commits == len(workload) {
+				stop()
 			}
-			n++
 		}
-	}
+		return nil
+	})
+	return err
 }

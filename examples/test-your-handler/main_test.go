@@ -15,6 +15,7 @@ import (
 func TestRun(t *testing.T) {
 	siphontest.Start(t) // skips or fails like the other tests when no server can be had
 	var out bytes.Buffer
-	require.NoError(t, run(context.Background(), "", &out))
-	assert.Contains(t, out.String(), "alice 12.25, bob 1.01, carol 5.00")
+	require.NoError(t, run(context.Background(), &out))
+	assert.Contains(t, out.String(), "live:     alice 12.25, bob 1.01, carol 5.00")
+	assert.Contains(t, out.String(), "replayed: alice 12.25, bob 1.01, carol 5.00 (4 transactions, no server)")
 }
