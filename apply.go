@@ -78,9 +78,11 @@ func (e *ApplyGapError) Error() string {
 		e.Applied, e.Start, e.Applied)
 }
 
-// ApplyChange applies one row change or truncate to the database c is
-// connected to (the target), in a transaction of its own. Begin, commit and
-// message changes are accepted and do nothing. ch.Columns must describe the
+// ApplyChange applies one row change, truncate or schema change to the
+// database c is connected to (the target), in a transaction of its own.
+// Begin, commit and message changes are accepted and do nothing. A schema
+// change runs its statement under the source's search_path, and fails
+// with a [*SchemaChangeError]. ch.Columns must describe the
 // source's columns (changes from [Conn.StreamChanges] and
 // [canonical.Decoder] do).
 //
@@ -130,6 +132,8 @@ func (c *Conn) ApplyChange(ctx context.Context, ch canonical.Change) error {
 		err = c.applyTruncate(ctx, &ch)
 	case canonical.OpInsert, canonical.OpUpdate, canonical.OpDelete:
 		err = c.applyRowChange(ctx, &ch)
+	case canonical.OpDDL:
+		err = c.applySchemaChange(ctx, &ch)
 	default:
 		err = fmt.Errorf("unknown op %v", ch.Op)
 	}
@@ -140,8 +144,11 @@ func (c *Conn) ApplyChange(ctx context.Context, ch canonical.Change) error {
 }
 
 func describeTarget(ch *canonical.Change) string {
-	if ch.Op == canonical.OpTruncate {
+	switch ch.Op {
+	case canonical.OpTruncate:
 		return fmt.Sprintf("%d tables", len(ch.Truncated))
+	case canonical.OpDDL:
+		return "the schema"
 	}
 	return ch.TableName().String()
 }

@@ -217,10 +217,11 @@ func bind(t *targetTable, cols []canonical.Column, src *canonical.Table) (*bindi
 		tc := t.column(sc.Name)
 		switch {
 		case tc == nil:
-			return nil, fail(sc.Name, "the target table has no such column: add it to the target table")
+			return nil, fail(sc.Name, "the target table has no such column: add it to the target table (the source's schema changed, and "+
+				"without the schema capture siphon adds only a nullable column without a default itself, see InstallSchemaCapture)")
 		case tc.generated:
 			return nil, fail(sc.Name, "the target column is generated and cannot take the source's values: make it a plain column")
-		case sc.Type != "" && sc.Type != tc.typ:
+		case sc.Type != "" && sc.Type != tc.typ && builtinType(sc.TypeOID):
 			return nil, fail(sc.Name, fmt.Sprintf("the column is %s in the source but %s in the target: give both the same type", sc.Type, tc.typ))
 		}
 		b.cols = append(b.cols, boundColumn{quoted: quoteIdent(sc.Name), typeOID: tc.typeOID, arrayOID: tc.arrayOID, exact: tc.exact})
@@ -244,6 +245,18 @@ func bind(t *targetTable, cols []canonical.Column, src *canonical.Table) (*bindi
 	}
 	return b, nil
 }
+
+// builtinType reports whether a source type OID is one of PostgreSQL's
+// own types, whose names never change. A user type's name is read from
+// today's catalog, which a stream read after the fact may find renamed
+// (ALTER TYPE ... RENAME) while the target, at that point of the stream,
+// still has the old name: its values are left to the target's input
+// function to check. An unknown OID (0) counts as built in.
+func builtinType(oid uint32) bool { return oid < firstNormalOID }
+
+// firstNormalOID is PostgreSQL's FirstNormalObjectId: OIDs below it
+// belong to the system.
+const firstNormalOID = 16384
 
 // checkIdentity checks that the old values the source sends with updates
 // and deletes (its replica identity) can find the target's rows: they must
@@ -361,6 +374,14 @@ func (a *applyCache) statement(b *binding, sh *shape) *statement {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return b.statement(sh)
+}
+
+// forgetAll drops what is cached about every table.
+func (a *applyCache) forgetAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	clear(a.targets)
+	clear(a.bindings)
 }
 
 // forget drops what is cached about a table, to read it again next time.

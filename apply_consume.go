@@ -76,7 +76,11 @@ const (
 // transaction ends its group): when the group fails, it is rolled back and
 // they are applied again one transaction at a time, so the target keeps
 // all those before the failure. Values are bound as in [Conn.ApplyChange],
-// with the same checks. Logical decoding messages are not applied.
+// with the same checks. Logical decoding messages are not applied. A
+// schema change ([canonical.OpDDL]) is run at its place, and its target
+// transaction ends with its source transaction (see the package
+// documentation on schema changes); the stream's sequences are set, never
+// moved back, once its end is read and its transactions are committed.
 //
 // The target's own logic does not run on applied changes, as with
 // PostgreSQL's logical replication: the session sets
@@ -306,6 +310,11 @@ type applySession struct {
 	bindings  map[*canonical.Table]*binding
 	q         stmtQueue
 	prepared  int // statements prepared, for their names
+	// declared holds each table's columns as its latest table record
+	// gave them, previous as the one before (nil: none).
+	declared, previous map[canonical.TableName][]canonical.Column
+	// sequences are the stream's, set once its end is read and applied.
+	sequences []canonical.Sequence
 	// copying receives the result of the COPY running in the background,
 	// if any (see copyInBackground); what describes it.
 	copying chan error
@@ -323,7 +332,8 @@ func (c *Conn) openApplySession(ctx context.Context, database string, h canonica
 		return nil, err
 	}
 	s := &applySession{c: c, conn: conn, pg: conn.PgConn(),
-		targets: map[canonical.TableName]*targetTable{}, bindings: map[*canonical.Table]*binding{}}
+		targets: map[canonical.TableName]*targetTable{}, bindings: map[*canonical.Table]*binding{},
+		declared: map[canonical.TableName][]canonical.Column{}, previous: map[canonical.TableName][]canonical.Column{}}
 	env, err := readApplyEnv(ctx, conn)
 	if err == nil {
 		key := sourceKey(h.SystemID, h.Slot)
@@ -384,6 +394,8 @@ func (s *applySession) begin() {
 // tableRecord takes note of a new description of a table: the target's is
 // read again at its next use, and checked before it, when the role must.
 func (s *applySession) tableRecord(t *canonical.Table) {
+	s.previous[t.TableName()] = s.declared[t.TableName()]
+	s.declared[t.TableName()] = t.Columns
 	delete(s.targets, t.TableName())
 	if s.role.guard && !slices.Contains(s.unchecked, t.TableName()) {
 		s.unchecked = append(s.unchecked, t.TableName())
@@ -415,6 +427,14 @@ func (s *applySession) binding(ctx context.Context, t *canonical.Table) (*bindin
 	target, err := s.target(ctx, t.TableName())
 	if err != nil {
 		return nil, err
+	}
+	if followed, err := s.followColumns(ctx, t, target); err != nil {
+		return nil, err
+	} else if followed {
+		delete(s.targets, t.TableName())
+		if target, err = s.target(ctx, t.TableName()); err != nil {
+			return nil, err
+		}
 	}
 	b, err := bind(target, t.Columns, t)
 	if err != nil {

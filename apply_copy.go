@@ -45,13 +45,15 @@ func (s *applySession) loadSnapshotRows(ctx context.Context, src *recordSource, 
 			if err := s.copyRows(ctx, src, rec); err != nil {
 				return err
 			}
+		case canonical.RecordSequence:
+			s.sequences = append(s.sequences, *rec.Sequence)
 		case canonical.RecordEnd:
 			s.finishTransaction(rec.Position, h.Created)
 			if err := s.flush(ctx); err != nil {
 				return err
 			}
 			s.progress = rec.Position
-			return nil
+			return s.advanceSequences(ctx)
 		default:
 			return fmt.Errorf("%w: a %v record in a snapshot", canonical.ErrOrder, rec.Type)
 		}

@@ -271,20 +271,29 @@ func TestRealSchemaBackupChain(t *testing.T) {
 	}
 	assertSameAsSource(t, src, restored, "after the restore and the incrementals")
 
-	chainDSN, chain := newDatabase(t)
-	chainTarget, err := siphon.Connect(ctx, chainDSN)
-	require.NoError(t, err)
-	defer chainTarget.Close()
-	forgetAppliedPosition(t, chainDSN, systemID, slot)
-	readers := []io.ReadSeeker{bytes.NewReader(base)}
-	for _, inc := range incrementals {
-		readers = append(readers, bytes.NewReader(inc))
-	}
-	reached, err := chainTarget.RestoreChain(ctx, siphon.RestoreChainOptions{}, readers[0], readers[1:]...)
-	require.NoError(t, err)
+	_, chain, reached := restoreChainInto(t, systemID, slot, base, incrementals)
 	assert.Equal(t, link.End, reached)
 	assertSameAsSource(t, src, chain, "after RestoreChain")
 	assert.Positive(t, count(t, src, `SELECT count(*) FROM audit_log`), "the source's audit trigger wrote")
+}
+
+// restoreChainInto restores base and links with RestoreChain into a new
+// database, and returns it and the Position RestoreChain reached.
+func restoreChainInto(t *testing.T, systemID, slot string, base []byte, links [][]byte) (string, *pgx.Conn, canonical.Position) {
+	t.Helper()
+	ctx := context.Background()
+	dsn, conn := newDatabase(t)
+	target, err := siphon.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer target.Close()
+	forgetAppliedPosition(t, dsn, systemID, slot)
+	readers := []io.ReadSeeker{bytes.NewReader(base)}
+	for _, l := range links {
+		readers = append(readers, bytes.NewReader(l))
+	}
+	reached, err := target.RestoreChain(ctx, siphon.RestoreChainOptions{}, readers[0], readers[1:]...)
+	require.NoError(t, err)
+	return dsn, conn, reached
 }
 
 // systemIdentifier reads the server's system identifier.

@@ -552,7 +552,7 @@ func TestConsumeCanonicalSchemaMismatch(t *testing.T) {
 		column string
 	}{
 		{"missing table", []string{ledgerDDL[0], ledgerDDL[1], ledgerDDL[2]}, "last", ""},
-		{"missing column", []string{`CREATE TABLE items (id int PRIMARY KEY, tx int NOT NULL)`, ledgerDDL[1], ledgerDDL[2], ledgerDDL[3]}, "items", "note"},
+		{"renamed column", []string{`CREATE TABLE items (id int PRIMARY KEY, tx int NOT NULL, memo text)`, ledgerDDL[1], ledgerDDL[2], ledgerDDL[3]}, "items", "note"},
 		{"other type", []string{`CREATE TABLE items (id int PRIMARY KEY, tx bigint NOT NULL, note text)`, ledgerDDL[1], ledgerDDL[2], ledgerDDL[3]}, "items", "tx"},
 		{"required column", []string{`CREATE TABLE items (id int PRIMARY KEY, tx int NOT NULL, note text, extra int NOT NULL)`, ledgerDDL[1], ledgerDDL[2], ledgerDDL[3]}, "items", "extra"},
 		{"other key", []string{`CREATE TABLE items (id int, tx int NOT NULL, note text, PRIMARY KEY (tx, id))`, ledgerDDL[1], ledgerDDL[2], ledgerDDL[3]}, "items", "tx"},
@@ -695,7 +695,7 @@ func plainRole(t *testing.T, dsn string, admin *pgx.Conn) string {
 	role := fmt.Sprintf("apply_plain_%d_%d", os.Getpid(), roleSeq.Add(1))
 	execSQL(t, admin, "CREATE ROLE "+role+" LOGIN PASSWORD 'plain-pw-1234'",
 		"GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, admin)}.Sanitize()+" TO "+role,
-		"GRANT ALL ON ALL TABLES IN SCHEMA public TO "+role)
+		"GRANT ALL ON ALL TABLES IN SCHEMA public TO "+role, "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "+role)
 	t.Cleanup(func() {
 		_, err := admin.Exec(context.Background(), "DROP OWNED BY "+role)
 		assert.NoError(t, err)

@@ -28,6 +28,9 @@ type changeConsumer struct {
 		ends     []txEnd // the unit's complete source transactions
 		changes  int     // row changes in the unit
 		complete int     // records on tape up to the last complete transaction
+		// schemaChanged: a schema change was applied, and the unit ends
+		// with its source transaction.
+		schemaChanged bool
 	}
 	tx struct {
 		open     bool               // between begin and commit
@@ -87,9 +90,11 @@ func (cc *changeConsumer) consume(ctx context.Context) error {
 			if err = cc.s.checkDeclared(ctx, changeEvents); err == nil {
 				err = cc.change(ctx, rec)
 			}
+		case canonical.RecordSequence:
+			cc.s.sequences = append(cc.s.sequences, *rec.Sequence)
 		case canonical.RecordEnd:
 			if err = cc.commitUnit(ctx); err == nil {
-				return nil
+				return cc.s.advanceSequences(ctx)
 			}
 		default:
 			err = fmt.Errorf("%w: a %v record in a change stream", canonical.ErrOrder, rec.Type)
@@ -122,6 +127,9 @@ func (cc *changeConsumer) change(ctx context.Context, rec canonical.Record) erro
 		return nil
 	}
 	cc.unit.changes++
+	if ch.Op == canonical.OpDDL {
+		return cc.schemaChange(ctx, ch)
+	}
 	if ch.Op == canonical.OpInsert {
 		return cc.insert(ctx, rec)
 	}
@@ -175,7 +183,7 @@ func (cc *changeConsumer) commit(ctx context.Context, ch *canonical.Change) erro
 	if cc.src.taping {
 		cc.unit.complete = len(cc.src.tape)
 	}
-	if cc.replaying || !cc.src.taping || cc.unit.changes >= maxUnitChanges || !cc.src.ready() {
+	if cc.replaying || !cc.src.taping || cc.unit.changes >= maxUnitChanges || cc.unit.schemaChanged || !cc.src.ready() {
 		return cc.commitUnit(ctx)
 	}
 	if cc.s.q.full() {
@@ -213,6 +221,7 @@ func (cc *changeConsumer) commitUnit(ctx context.Context) error {
 
 func (cc *changeConsumer) resetUnit() {
 	cc.unit.open, cc.unit.ends, cc.unit.changes, cc.unit.complete = false, cc.unit.ends[:0], 0, 0
+	cc.unit.schemaChanged = false
 	cc.src.resetTape()
 }
 

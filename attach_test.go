@@ -95,9 +95,11 @@ func (a *appWorkload) halt() {
 // keyed table and of a keyless one, and later creates a keyless table and a
 // keyed one and writes to them: not one application statement fails. The
 // keyless tables are not captured (the publication names its tables, and
-// siphon says at Warn which it left out), the keyed table is; a keyed table
-// created later stops the next stream start with a *PublicationMismatchError
-// naming it, and SyncPublication adds it.
+// siphon says at Warn which it left out), the keyed table is; without the
+// schema capture (which adds it as it is created, see
+// TestSchemaCaptureLifecycle), a keyed table created later stops the next
+// stream start with a *PublicationMismatchError naming it, and
+// SyncPublication adds it.
 func TestAttachNeverBreaksTheApplication(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -111,7 +113,7 @@ func TestAttachNeverBreaksTheApplication(t *testing.T) {
 	app.waitRan(t, 30)
 
 	logs := &logRecorder{}
-	c, _ := streamConn(t, dsn, siphon.WithLogger(logs.logger()))
+	c, _ := streamConn(t, dsn, siphon.WithLogger(logs.logger()), siphon.WithoutSchemaCapture())
 	start, err := c.CurrentPosition(ctx)
 	require.NoError(t, err)
 	warned := logs.find(slog.LevelWarn, "tables without a usable replica identity are not captured (see WithKeylessTables)")
@@ -165,7 +167,8 @@ func TestAttachNeverBreaksTheApplication(t *testing.T) {
 // are not captured), REPLICA IDENTITY FULL (siphon sets it; updates and
 // deletes are captured whole); and a WithTables table without a key is
 // refused until a policy is chosen. A published table that loses its
-// primary key is drift that SyncPublication mends.
+// primary key leaves the publication at once with the schema capture, and
+// is drift that SyncPublication mends without it.
 func TestKeylessPolicies(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -222,11 +225,23 @@ func TestKeylessPolicies(t *testing.T) {
 	assert.Contains(t, err.Error(), "WithKeylessTables")
 	assert.Empty(t, publishedTables(t, admin, "named_keyless"), "nothing made")
 
-	// A published table loses its primary key: the application's updates
-	// fail until SyncPublication takes it out, as KeylessSkip says.
+	// A published table loses its primary key. The schema capture takes it
+	// out in the same transaction, as KeylessSkip says: the application's
+	// updates never fail.
 	dsn, admin = newDatabase(t)
 	execSQL(t, admin, ddl...)
-	skip, _ := streamConn(t, dsn)
+	captured, _ := streamConn(t, dsn)
+	_, err = captured.CurrentPosition(ctx)
+	require.NoError(t, err)
+	execSQL(t, admin, `ALTER TABLE keyed DROP CONSTRAINT keyed_pkey`, `UPDATE keyed SET note = 'x'`)
+	assert.Empty(t, publishedTables(t, admin, "siphon"))
+	require.NoError(t, captured.Detach(ctx))
+
+	// Without the capture, the updates fail until SyncPublication takes it
+	// out.
+	dsn, admin = newDatabase(t)
+	execSQL(t, admin, ddl...)
+	skip, _ := streamConn(t, dsn, siphon.WithoutSchemaCapture())
 	_, err = skip.CurrentPosition(ctx)
 	require.NoError(t, err)
 	execSQL(t, admin, `ALTER TABLE keyed DROP CONSTRAINT keyed_pkey`)

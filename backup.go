@@ -308,7 +308,7 @@ func (c *Conn) dumpOptions(opt BackupOptions) (pgdump.DumpOptions, error) {
 		return pgdump.DumpOptions{}, err
 	}
 	o := pgdump.DumpOptions{Conn: conn, Compression: opt.Compression, Jobs: opt.Jobs, StrictNames: true,
-		Exec: pgdump.ExecOptions{TempDir: opt.TempDir}}
+		Exec: pgdump.ExecOptions{TempDir: opt.TempDir}, ExcludeSchemas: []string{`"siphon"`}}
 	lists := []struct {
 		option string
 		names  []string
@@ -384,7 +384,7 @@ func (c *Conn) snapshotTables(ctx context.Context, snapshot string, opt BackupOp
 	}
 	rows, err := tx.Query(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'
-		  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\_toast%'
+		  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_toast%'
 		  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
 		ORDER BY n.nspname, c.relname`)
 	if err != nil {

@@ -320,7 +320,8 @@ func (c *Conn) consumeUpTo(ctx context.Context, body io.Reader, cut canonical.Po
 }
 
 // copyUpTo copies a JSONL stream's header, table records and changes to w
-// up to the commit that ends at cut, then writes an end record there.
+// up to the commit that ends at cut, then the stream's sequences (read at
+// its end, so at or after the cut), then writes an end record at cut.
 func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position) error {
 	d := canonical.NewDecoder(body)
 	h, err := d.Header()
@@ -344,7 +345,25 @@ func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position) error {
 			return err
 		}
 		if rec.Type == canonical.RecordChange && rec.Change.Op == canonical.OpCommit && rec.Change.Position == cut {
+			return copySequences(d, enc, cut)
+		}
+	}
+}
+
+// copySequences reads the rest of a stream, writes its sequences to enc,
+// then an end record at cut.
+func copySequences(d *canonical.Decoder, enc *canonical.Encoder, cut canonical.Position) error {
+	for {
+		rec, err := d.Next()
+		switch {
+		case err == io.EOF:
 			return enc.WriteEnd(cut)
+		case err != nil:
+			return err
+		case rec.Type == canonical.RecordSequence:
+			if err := enc.WriteSequence(*rec.Sequence); err != nil {
+				return err
+			}
 		}
 	}
 }

@@ -26,6 +26,10 @@ import (
 // the slot's position for a zero since); its End is left out, since it is
 // known only at the end; the end record carries the returned Position.
 //
+// Schema changes come at their place as ddl records (see the package
+// documentation on schema changes), and the state of the sequences c
+// carries, read once the bound is reached, comes before the end record.
+//
 // The stream is checked (see [canonical.Encoder]): its header, every
 // commit and its end record carry a running CRC-32C of the stream, which
 // [Conn.Verify] and [Conn.ConsumeCanonical] check as they read, so a
@@ -98,6 +102,9 @@ func (c *Conn) BackupIncrementalAfter(ctx context.Context, prev ChainLink, w io.
 	}
 	if !res.reachedBound {
 		return prev, fmt.Errorf("siphon: incremental backup: stopped before the bound %v: %w", bound, context.Cause(ctx))
+	}
+	if err := c.writeSequences(ctx, enc); err != nil {
+		return prev, fmt.Errorf("siphon: incremental backup: %w", err)
 	}
 	if err := enc.WriteEnd(end); err != nil {
 		return prev, fmt.Errorf("siphon: incremental backup: %w", err)

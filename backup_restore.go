@@ -116,7 +116,7 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) err
 	err = pgdump.RestoreFile(ctx, pgdump.RestoreOptions{
 		Conn: conn, Exec: pgdump.ExecOptions{Bin: prog.Path, TempDir: opt.TempDir},
 		Clean: opt.Clean, SingleTransaction: opt.SingleTransaction, Jobs: opt.Jobs,
-		NoOwner: opt.NoOwner, NoPrivileges: opt.NoPrivileges, Role: opt.Role,
+		NoOwner: opt.NoOwner, NoPrivileges: opt.NoPrivileges, Role: opt.Role, Exclude: isCaptureEntry,
 	}, path)
 	if err != nil {
 		return fmt.Errorf("siphon: restore: %w", err)

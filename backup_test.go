@@ -86,12 +86,12 @@ break and "quotes" and \backslash')`,
 }
 
 // userTables lists the tables and materialized views of a database, as
-// regclass text.
+// regclass text, siphon's own left out.
 func userTables(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
 	rows, err := conn.Query(context.Background(), `SELECT c.oid::regclass::text FROM pg_class c
 		JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relkind IN ('r', 'p', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+		WHERE c.relkind IN ('r', 'p', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon')
 		  AND n.nspname NOT LIKE 'pg\_toast%' ORDER BY 1`)
 	require.NoError(t, err)
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -113,7 +113,7 @@ func tableDigests(t *testing.T, conn *pgx.Conn) map[string]string {
 // views and sequences, one line each, sorted.
 const catalogFingerprint = `
 WITH rels AS (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-              WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\_toast%')
+              WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_toast%')
 SELECT coalesce(string_agg(def, E'\n' ORDER BY def), '') FROM (
   SELECT 'column ' || a.attrelid::regclass || '.' || quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod)
          || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
@@ -129,7 +129,7 @@ SELECT coalesce(string_agg(def, E'\n' ORDER BY def), '') FROM (
   SELECT 'view ' || oid::regclass || ': ' || pg_get_viewdef(oid) FROM pg_class WHERE relkind IN ('v', 'm') AND oid IN (SELECT oid FROM rels)
   UNION ALL
   SELECT 'sequence ' || quote_ident(schemaname) || '.' || quote_ident(sequencename) || ' last ' || coalesce(last_value::text, 'none')
-         || ' start ' || start_value || ' by ' || increment_by FROM pg_sequences
+         || ' start ' || start_value || ' by ' || increment_by FROM pg_sequences WHERE schemaname <> 'siphon'
   UNION ALL
   SELECT 'type ' || t.oid::regtype || ' ' || t.typtype::text || coalesce(' ' || (SELECT string_agg(enumlabel, ',' ORDER BY enumsortorder) FROM pg_enum WHERE enumtypid = t.oid), '')
   FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace

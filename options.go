@@ -37,6 +37,11 @@ type options struct {
 	// identity; keylessChosen tells WithKeylessTables was given.
 	keyless       KeylessTables
 	keylessChosen bool
+	// noSchemaCapture: do not install the capture of schema changes.
+	noSchemaCapture bool
+	// skippedSchemaChanges are the source transactions (by commit LSN)
+	// whose schema changes apply skips.
+	skippedSchemaChanges []canonical.Position
 	// source is set by the options only a source needs.
 	source bool
 }
@@ -222,6 +227,27 @@ func WithTriggersOnApply() Option { return func(o *options) { o.triggersOnApply 
 // option. Defaults to off: such a stream is refused with [ErrUnchecked]
 // (flagged as a problem by Verify), before anything is applied.
 func WithUncheckedStreams() Option { return func(o *options) { o.uncheckedStreams = true } }
+
+// WithoutSchemaCapture keeps siphon from installing the capture of schema
+// changes (see [Conn.InstallSchemaCapture]) in the source database. The
+// change stream then carries no schema changes: siphon follows the columns
+// added and dropped that it can see in the stream, where that is exact,
+// and an apply stops at any other schema change with a
+// [*SchemaIncompatibleError] naming it, to be applied to the target by
+// hand. Defaults to off: a Conn whose role is a superuser installs the
+// capture when it creates its publication or starts a stream.
+func WithoutSchemaCapture() Option {
+	return func(o *options) { o.noSchemaCapture, o.source = true, true }
+}
+
+// WithSkippedSchemaChange makes apply skip the schema changes of the
+// source transaction committed at pos (a [*SchemaChangeError]'s
+// Position), after making the target's schema what the source's became by
+// hand: its rows are applied, its DDL is not. Give it once per such
+// transaction.
+func WithSkippedSchemaChange(pos canonical.Position) Option {
+	return func(o *options) { o.skippedSchemaChanges = append(o.skippedSchemaChanges, pos) }
+}
 
 var slotNamePattern = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 

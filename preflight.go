@@ -30,6 +30,7 @@ const (
 	CheckOrigins         CheckName = "replication origins"
 	CheckApplyRole       CheckName = "session_replication_role"
 	CheckRelease         CheckName = "release"
+	CheckSchemaCapture   CheckName = "schema capture"
 )
 
 // CheckStatus says how a check came out.
@@ -226,7 +227,8 @@ func (c *Conn) checkWALLevel() error {
 // senders; max_slot_wal_keep_size; the publication (whether it exists and
 // matches the options, or can be created); every captured table without a
 // usable replica identity and what happens to it (see
-// [WithKeylessTables]); the persistent slot's state; pg_dump and pg_restore
+// [WithKeylessTables]); the schema capture (see
+// [Conn.InstallSchemaCapture]); the persistent slot's state; pg_dump and pg_restore
 // against the server's release; for apply, replication origins and
 // session_replication_role; and what the server's release offers.
 func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
@@ -240,7 +242,7 @@ func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
 		r.Checks = append(r.Checks, f.tablesCheck())
 	}
 	for _, check := range []func(context.Context) ([]Check, error){
-		c.roleChecks, c.capacityChecks, c.publicationChecks, c.slotCheck, c.clientChecks, c.applyChecks,
+		c.roleChecks, c.capacityChecks, c.publicationChecks, c.captureChecks, c.slotCheck, c.clientChecks, c.applyChecks,
 	} {
 		checks, err := check(ctx)
 		if err != nil {

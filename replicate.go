@@ -74,11 +74,18 @@ type ReplicateProgress struct {
 // transactions are read. Memory stays bounded however large a
 // transaction is.
 //
+// Schema changes are applied at their place (see the package
+// documentation on schema changes), and the target's sequences are set to
+// the source's, forward only, every 10 seconds and when Replicate stops.
+//
 // A source interruption returns a [*StreamInterruptedError] (call
 // Replicate again); a change the target refuses returns the error, with
 // the target at the last transaction before it. The target's tables must
-// exist with the source's columns. Replicate reads c's slot: it returns
-// [ErrAlreadyStreaming] while c streams it otherwise.
+// exist with the source's columns as of where it starts (for an initial
+// snapshot, run no migration until it is loaded: a table changed under it
+// makes Replicate take a new one, which needs the new schema). Replicate
+// reads c's slot: it returns [ErrAlreadyStreaming] while c streams it
+// otherwise.
 func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOptions) (canonical.Position, error) {
 	if target == nil {
 		return 0, fmt.Errorf("siphon: replicate: target: %w", ErrNilCallback)
@@ -213,6 +220,7 @@ func (r *replica) run(ctx context.Context, opts ReplicateOptions) (canonical.Pos
 		applied <- err
 	}()
 	stopProgress := r.reportProgress(runCtx, opts)
+	stopSequences := r.followSequences(runCtx)
 	_, streamErr := r.c.stream(runCtx, streamConfig{from: r.from, durable: &r.durable}, func(ch canonical.Change) error {
 		if ch.Op == canonical.OpCommit {
 			r.received.Store(uint64(ch.Position))
@@ -222,14 +230,62 @@ func (r *replica) run(ctx context.Context, opts ReplicateOptions) (canonical.Pos
 	pipe.close(streamErr)
 	applyErr := <-applied
 	stopProgress()
+	seqErr := stopSequences()
 	pos := r.applied()
 	switch {
 	case streamErr != nil && !errors.Is(streamErr, errApplyStopped):
 		return pos, streamErr
 	case applyErr != nil && !errors.Is(applyErr, errCaptureStopped) && !errors.Is(applyErr, context.Canceled):
 		return pos, fmt.Errorf("siphon: replicate: %w", applyErr)
+	case seqErr != nil:
+		return pos, fmt.Errorf("siphon: replicate: %w", seqErr)
 	}
 	return pos, stopReason(ctx, "replicate", pos)
+}
+
+// sequenceInterval is how often Replicate sets the target's sequences to
+// the source's.
+const sequenceInterval = 10 * time.Second
+
+// followSequences sets the target's sequences to the source's every
+// sequenceInterval, and once more when stopped (which returns that last
+// attempt's error): the target's next values stay past every key the
+// source used, whenever the replica is promoted.
+func (r *replica) followSequences(ctx context.Context) (stop func() error) {
+	advance := func(ctx context.Context) error {
+		seqs, err := r.c.readSequences(ctx)
+		if err == nil {
+			err = advanceSequences(ctx, r.target.pool, seqs)
+		}
+		if err != nil {
+			return fmt.Errorf("sequences: %w", err)
+		}
+		return nil
+	}
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(sequenceInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := advance(ctx); err != nil && ctx.Err() == nil {
+					r.c.log.Warn("replicate: setting the target's sequences failed; retrying", "err", err)
+				}
+			}
+		}
+	}()
+	return func() error {
+		close(done)
+		<-stopped
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		return advance(ctx)
+	}
 }
 
 // reportProgress calls opts.Progress every interval until stopped.

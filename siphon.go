@@ -80,14 +80,58 @@
 // Captured: INSERT, UPDATE, DELETE and TRUNCATE of published tables (the
 // publication siphon creates names every table of the database that has a
 // usable replica identity, or the [WithTables] set; see [WithKeylessTables]
-// for the others and [Conn.SyncPublication] for tables created later),
-// transactional and non-transactional logical decoding messages, and, through
-// table records in the canonical stream, the column set of each table as it
-// changes. Not captured by the change stream or snapshots, as with any
-// logical replication: DDL (keep the target's schema in step yourself, or
-// restore a new full backup), sequence values, large objects, unlogged and
-// temporary tables, and generated columns (the target computes them). Full
-// backups (pg_dump) include DDL, sequences and large objects.
+// for the others), transactional and non-transactional logical decoding
+// messages, schema changes and sequences (below), and, through table
+// records in the canonical stream, the column set of each table as it
+// changes. Not captured, as with any logical replication: large objects,
+// unlogged and temporary tables, and generated columns (the target
+// computes them). Full backups (pg_dump) include large objects.
+//
+// # Schema changes
+//
+// Logical decoding carries no DDL, so siphon captures it with an event
+// trigger it installs in the source database ([Conn.InstallSchemaCapture];
+// a superuser's Conn does it itself): every CREATE, ALTER, DROP, COMMENT,
+// GRANT and REVOKE the application runs (tables, columns, types, enums,
+// domains, constraints, indexes, partitions, views, functions, renames...)
+// reaches the stream as an [canonical.OpDDL] change at its exact place
+// among the row changes of its transaction: the statement as it ran (one
+// statement of a multi-statement query, the statement a function or DO
+// block ran, CONCURRENTLY left out), with its search_path. Apply
+// ([Conn.ConsumeCanonical], [Conn.RestoreChain], [Conn.Replicate],
+// [Conn.ApplyChange]) runs it on the target at that place, in the same
+// target transaction as the source's rows around it, as the applying role;
+// a statement the target refuses, or one siphon cannot replay, stops the
+// apply with a [*SchemaChangeError], nothing of that transaction applied
+// (see [WithSkippedSchemaChange] to go on once the target is put right by
+// hand). Statements that fill tables as they create them (CREATE TABLE AS,
+// SELECT INTO, REFRESH MATERIALIZED VIEW) fill them on the target from the
+// same rows. The trigger also keeps the publications safe: a table created
+// in a transaction joins every publication of all tables before its first
+// row, and a published table that loses its usable replica identity leaves
+// it (as [WithKeylessTables] says), so the application's statements never
+// fail; a table created earlier and filled before it had a key is drift
+// ([Conn.SyncPublication]). The trigger never makes the application's DDL
+// fail, and [Conn.Detach] removes it with the last publication it looks
+// after. Without it (a role that is not a superuser, or
+// [WithoutSchemaCapture]), apply follows the column changes the stream
+// shows where that is exact (a nullable column added without a default, a
+// column dropped) and stops at any other with a
+// [*SchemaIncompatibleError] naming it. Schema changes are run with the
+// privileges of the applying role: apply only from sources whose DDL you
+// would run.
+//
+// # Sequences
+//
+// Sequences change outside transactions and logical decoding does not
+// carry them. A snapshot carries every sequence's state read after its
+// rows, an incremental the state read once its bound is reached, so at or
+// after its Position; [Conn.Replicate] sets the target's every 10 seconds
+// and when it stops. Apply moves a target sequence forward to the
+// source's state and never back: the target's next value is never one the
+// source used up to that Position (target >= source), whenever the target
+// is promoted. With [WithTables], the sequences the tables own or use in
+// defaults are carried.
 //
 // # Requirements
 //
@@ -119,6 +163,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -158,6 +203,8 @@ type Conn struct {
 	// bases hold the base slots CreateBaseSlot made and CaptureBaseEnd
 	// has not completed.
 	bases heldBases
+	// captureWarning says once that schema changes are not captured.
+	captureWarning sync.Once
 }
 
 // Connect checks the options, connects to the database dsn names (a
@@ -323,14 +370,15 @@ LEFT JOIN pg_inherits inh ON c.relispartition AND inh.inhrelid = c.oid
 LEFT JOIN pg_class pc ON pc.oid = inh.inhparent
 LEFT JOIN pg_namespace pn ON pn.oid = pc.relnamespace
 WHERE c.relkind IN ('r', 'p')
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon')
   AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%'
 ORDER BY n.nspname, c.relname`
 
 // InspectSchema describes the tables siphon works on: those named by
-// [WithTables], or every user table in every schema. Each table lists its
-// columns (name, type with modifiers, type OID, nullability) in order,
-// generated columns left out; its primary key; its replica identity and the
+// [WithTables], or every user table in every schema but siphon's. Each
+// table lists its columns (name, type with modifiers, type OID,
+// nullability) in order, generated columns left out; its primary key; its
+// replica identity and the
 // columns that identify a row in old values; and whether it is a partitioned
 // parent or a partition. A table named by WithTables that does not exist is
 // an error.

@@ -72,6 +72,7 @@ const (
 	codeUndefinedObject     = "42704"
 	codeUndefinedTable      = "42P01"
 	codeObjectInUse         = "55006"
+	codeDependentObjects    = "2BP01"
 )
 
 // SlotBlockedError reports that creating a replication slot waited longer

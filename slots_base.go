@@ -160,6 +160,11 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 			}
 			return fmt.Errorf("siphon: capture base end of slot %q: make it permanent%s: %w", info.Slot, hint, err)
 		}
+		// Dropped now rather than when the session's backend exits, which
+		// may be after CaptureBaseEnd returns.
+		if _, err := held.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+			return fmt.Errorf("siphon: capture base end of slot %q: drop its temporary slot: %w", info.Slot, err)
+		}
 	}
 	end, err := canonical.ParsePosition(current)
 	if err != nil {
@@ -400,7 +405,10 @@ func asSlotBlocked(err error, slot string, start time.Time) error {
 // persistent slot, then the publication and its inserts-only companion
 // (see [WithKeylessTables]) when no other logical slot of this database
 // remains that may read them (one that does keeps them, and Detach logs
-// which at Info: a publication without a slot pins no WAL). It refuses,
+// which at Info: a publication without a slot pins no WAL), and with the
+// publication the schema capture when it looks after no other publication
+// (see [Conn.InstallSchemaCapture]; removing it needs a superuser, and an
+// error wrapping [ErrCaptureNeedsSuperuser] says so). It refuses,
 // changing nothing, while the slot is in use (a stream runs: stop it
 // first), with an error wrapping [ErrSlotInUse]. Base slots belong to
 // their chains (drop each with [Conn.DropSlot] when its chain is sealed);
@@ -434,6 +442,9 @@ func (c *Conn) Detach(ctx context.Context) error {
 	if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+quoteIdent(c.opts.publication)+", "+
 		quoteIdent(c.opts.publication+insertsSuffix)); err != nil {
 		return fmt.Errorf("siphon: detach: drop publication %q: %w", c.opts.publication, err)
+	}
+	if err := c.removeCapture(ctx, lock.conn); err != nil {
+		return fmt.Errorf("siphon: detach: remove the schema capture: %w", err)
 	}
 	c.log.Info("detached", "slot", c.opts.slot, "publication", c.opts.publication)
 	return nil

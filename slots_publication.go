@@ -80,24 +80,32 @@ type userTable struct {
 	usable bool
 }
 
-// userTablesQuery lists the tables of $1 (schemas) and $2 (names), or
-// every user table when both are empty: ordinary and partitioned tables
-// (not partitions, unless named: a partitioned table carries its own), not
-// temporary or unlogged, not of an extension and not in siphon's schema,
-// with whether every leaf has a usable replica identity.
-const userTablesQuery = `
-SELECT n.nspname, c.relname, NOT EXISTS (
+// usableIdentity is true for a table c (an ordinary or partitioned table)
+// every leaf of which has a usable replica identity.
+const usableIdentity = `NOT EXISTS (
          SELECT FROM pg_class l
          WHERE (l.oid = c.oid AND c.relkind = 'r' OR l.oid IN (SELECT relid FROM pg_partition_tree(c.oid) WHERE isleaf))
            AND NOT CASE l.relreplident
            WHEN 'f' THEN true
            WHEN 'i' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
            WHEN 'd' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
-           ELSE false END)
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p'
+           ELSE false END)`
+
+// isUserTable is true for a table c (in schema n) that a publication may
+// hold: an ordinary or partitioned table, not temporary or unlogged, not
+// of an extension and not in a system schema or siphon's.
+const isUserTable = `c.relkind IN ('r', 'p') AND c.relpersistence = 'p'
   AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_%'
-  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
+  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')`
+
+// userTablesQuery lists the tables of $1 (schemas) and $2 (names), or
+// every user table when both are empty (not partitions, unless named: a
+// partitioned table carries its own), with whether every leaf has a
+// usable replica identity.
+const userTablesQuery = `
+SELECT n.nspname, c.relname, ` + usableIdentity + `
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE ` + isUserTable + `
   AND CASE WHEN cardinality($1::text[]) = 0 THEN NOT c.relispartition
            ELSE (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[])) END
 ORDER BY 1, 2`
@@ -165,6 +173,10 @@ func (c *Conn) ensurePublication(ctx context.Context) error {
 		return err
 	}
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.createPublication(ctx, tx) })
+	if err == nil {
+		_, err = c.ensureCapture(ctx) // before any slot: no schema change after it is missed
+		return err
+	}
 	if err != nil {
 		if isCode(err, codeDuplicateObject, codeUniqueViolation) { // created meanwhile
 			_, err := c.checkPublication(ctx)
@@ -265,6 +277,7 @@ func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.T
 // publicationState is what the publications hold.
 type publicationState struct {
 	exists, allTables, inserts bool // the main publication; FOR ALL TABLES; the inserts-only one
+	capture                    bool // the main one holds the schema capture's table
 	flags                      [4]bool
 	main, insertsOnly          []canonical.TableName
 }
@@ -297,7 +310,9 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 			tables[i] = canonical.TableName{Schema: schemas[i], Name: names[i]}
 		}
 		if isMain {
-			s.exists, s.allTables, s.flags, s.main = true, all, flags, tables
+			n := len(tables)
+			tables = withoutCaptureTable(tables)
+			s.exists, s.allTables, s.flags, s.main, s.capture = true, all, flags, tables, len(tables) < n
 		} else {
 			s.inserts, s.insertsOnly = true, tables
 		}

@@ -164,7 +164,9 @@ func ResumeCopy(cp *CopyCheckpoint, restart func(TableCheckpoint) error) CopyOpt
 // canonical JSONL to w (a nil schema means every table siphon's publication
 // publishes) and returns its Position. The stream holds a header of kind
 // [canonical.KindSnapshot] whose Start (and End) is the Position, a table
-// record for every table of schema, every row table by table, and an end
+// record for every table of schema, every row table by table, the state of
+// every sequence c carries (read after the rows, so at or after the
+// Position: see the package documentation on sequences), and an end
 // record. Stream changes from the returned Position to continue it.
 //
 // The tables come in foreign-key order: a table after the tables it
@@ -221,6 +223,9 @@ func (c *Conn) emitSnapshot(ctx context.Context, snap *Snapshot, schema *canonic
 		return enc.WriteRow(t.TableName(), row)
 	}, copyConfig{})
 	if err != nil {
+		return 0, err
+	}
+	if err := c.writeSequences(ctx, enc); err != nil {
 		return 0, err
 	}
 	if err := enc.WriteEnd(pos); err != nil {
@@ -302,7 +307,7 @@ func (c *Conn) publishedSchema(ctx context.Context) (*canonical.Schema, error) {
 	}
 	schema := &canonical.Schema{}
 	for _, t := range all.Tables {
-		if published[t.TableName()] {
+		if published[t.TableName()] && !isCaptureTable(t.TableName()) {
 			schema.Tables = append(schema.Tables, t)
 		}
 	}

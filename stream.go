@@ -355,12 +355,15 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 	if err := c.checkWALLevel(); err != nil {
 		return res, err
 	}
+	if _, err := c.ensureCapture(ctx); err != nil {
+		return setupFailed(ctx, res, err, cfg.from)
+	}
 	slot, err := c.checkSlot(ctx, cfg.from)
 	if err != nil {
 		return setupFailed(ctx, res, err, cfg.from)
 	}
 	st := &streamState{
-		cfg: cfg, emit: emit, slot: c.opts.slot,
+		cfg: cfg, emit: emit, slot: c.opts.slot, ddl: newSchemaChanges(c.tables, c.log),
 		startConfirmed: slot.confirmed, lastEnd: max(cfg.from, slot.confirmed),
 	}
 	st.acked.Store(uint64(max(cfg.from, slot.confirmed)))
@@ -569,8 +572,8 @@ func (e *emitError) Error() string {
 func (e *emitError) Unwrap() error { return e.err }
 
 // resolveColumns completes a Relation message's columns from the catalog:
-// the type as format_type prints it (as InspectSchema does) and
-// nullability. pgoutput sends neither. The catalog is today's, not the
+// the type as format_type prints it (as InspectSchema does), nullability
+// and whether the column has a default. pgoutput sends none of them. The catalog is today's, not the
 // historic one; for a type that no longer exists the Type message's name is
 // used.
 func (c *Conn) resolveColumns(ctx context.Context, rel *pgoutput.Relation, types map[uint32]pgoutput.TypeName) error {
@@ -579,7 +582,8 @@ func (c *Conn) resolveColumns(ctx context.Context, rel *pgoutput.Relation, types
 	for i, col := range rel.Columns {
 		oids[i], mods[i], names[i] = int64(col.TypeOID), rel.TypeModifiers[i], col.Name
 	}
-	rows, err := c.pool.Query(ctx, `SELECT format_type(u.oid::oid, u.typmod), coalesce(NOT a.attnotnull, true)
+	rows, err := c.pool.Query(ctx, `SELECT format_type(u.oid::oid, u.typmod), coalesce(NOT a.attnotnull, true),
+		       coalesce(a.atthasdef OR a.atthasmissing OR a.attidentity <> '', false)
 		FROM unnest($1::int8[], $2::int4[], $3::text[]) WITH ORDINALITY AS u(oid, typmod, name, n)
 		LEFT JOIN pg_attribute a ON a.attrelid = $4::int8::oid AND a.attname = u.name AND a.attnum > 0 AND NOT a.attisdropped
 		ORDER BY u.n`, oids, mods, names, int64(rel.ID))
@@ -589,7 +593,7 @@ func (c *Conn) resolveColumns(ctx context.Context, rel *pgoutput.Relation, types
 	i := 0
 	for ; rows.Next() && i < n; i++ {
 		var typ *string
-		if err := rows.Scan(&typ, &rel.Columns[i].Nullable); err != nil {
+		if err := rows.Scan(&typ, &rel.Columns[i].Nullable, &rel.Columns[i].Default); err != nil {
 			rows.Close()
 			return err
 		}

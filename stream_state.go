@@ -74,6 +74,8 @@ type streamState struct {
 
 	inTx     bool // between OpBegin and OpCommit
 	skipping bool // the open transaction was delivered before from
+	// ddl turns the schema capture's rows into OpDDL changes.
+	ddl *schemaChanges
 
 	serverEnd     canonical.Position // the latest keepalive's WAL end
 	lastAnchorEnd canonical.Position // where the last heartbeat read ended
@@ -150,6 +152,7 @@ func (st *streamState) handle(it *item) (done bool, err error) {
 	switch ch.Op {
 	case canonical.OpBegin:
 		st.inTx = true
+		st.ddl.begin()
 		// A transaction whose commit starts before from ends at or before
 		// it: the consumer has it. (PostgreSQL skips these too.)
 		if ch.Position < st.cfg.from {
@@ -199,7 +202,34 @@ func (st *streamState) handle(it *item) (done bool, err error) {
 	if st.skipping {
 		return false, nil
 	}
+	switch {
+	case ch.Op == canonical.OpInsert && isCaptureTable(ch.TableName()):
+		return false, st.deliverSchemaChange(ch)
+	case ch.Op == canonical.OpUpdate || ch.Op == canonical.OpDelete:
+		if isCaptureTable(ch.TableName()) {
+			return false, nil // the capture deletes what it inserts
+		}
+	case ch.Op == canonical.OpTruncate:
+		if ch.Truncated = withoutCaptureTable(ch.Truncated); len(ch.Truncated) == 0 {
+			return false, nil
+		}
+	}
 	return false, st.deliver(ch)
+}
+
+// deliverSchemaChange delivers the OpDDL changes a row of the schema
+// capture describes.
+func (st *streamState) deliverSchemaChange(ins *canonical.Change) error {
+	changes, err := st.ddl.changes(ins)
+	if err != nil {
+		return err
+	}
+	for i := range changes {
+		if err := st.deliver(&changes[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (st *streamState) deliver(ch *canonical.Change) error {

@@ -193,7 +193,7 @@ func TestStreamValuesPositionsAndTOAST(t *testing.T) {
 	emitMarker(t, admin, "end")
 	changes, pos := streamUntil(t, c, from, "end")
 	txs := transactions(t, changes)
-	require.Len(t, txs, 10)
+	require.Len(t, txs, 11)
 	assert.Equal(t, txs[len(txs)-1].commit.Position, pos, "stop returns the last acknowledged commit")
 
 	for _, tx := range txs {
@@ -266,12 +266,18 @@ func TestStreamValuesPositionsAndTOAST(t *testing.T) {
 	idxDelete := txs[7].changes[0]
 	assert.Equal(t, canonical.Row{canonical.Text("1"), canonical.Text("k"), canonical.Null()}, idxDelete.Old, "identity index columns only")
 
-	added := txs[8].changes[0]
+	ddl := txs[8].changes
+	require.Len(t, ddl, 1, "the schema change is a change of its own transaction")
+	require.Equal(t, canonical.OpDDL, ddl[0].Op)
+	assert.Equal(t, &canonical.DDL{Tag: "ALTER TABLE", Statement: "ALTER TABLE vals ADD COLUMN added int DEFAULT 7",
+		SearchPath: `"$user", public`, Role: "postgres", Objects: []canonical.DDLObject{{Type: "table", Identity: "public.vals"}}}, ddl[0].DDL)
+
+	added := txs[9].changes[0]
 	require.Len(t, added.Columns, 16, "a column added mid-stream is decoded from the next change on")
-	assert.Equal(t, "added", added.Columns[15].Name)
+	assert.Equal(t, canonical.Column{Name: "added", Type: "integer", TypeOID: 23, Nullable: true, Default: true}, added.Columns[15])
 	assert.Equal(t, "7", text(t, added.New[15]))
 
-	last := txs[9].changes
+	last := txs[10].changes
 	require.Len(t, last, 2)
 	assert.Equal(t, canonical.OpMessage, last[0].Op)
 	assert.Equal(t, &canonical.Message{Transactional: true, Prefix: "app", Content: []byte("in tx")}, last[0].Message)

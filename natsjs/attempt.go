@@ -114,6 +114,8 @@ func (a *attempt) emit(ch canonical.Change) error {
 		if ch.Message.Transactional {
 			return a.publish(MessageSubject(prefix), &ch, false)
 		}
+	case canonical.OpDDL:
+		return a.publish(DDLSubject(prefix), &ch, false)
 	case canonical.OpCommit:
 		// A marker even for a transaction with nothing else to publish: the
 		// slot is acknowledged past it, so the stream must hold its end, or

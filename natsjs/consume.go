@@ -16,10 +16,11 @@ type ConsumeConfig struct {
 	// [DefaultPrefix].
 	Prefix string
 	// Tables limits the changes delivered to these tables' (their
-	// truncations included); the server filters the rest out. Every
-	// transaction is still delivered, as its begin and commit, even when
-	// it changed none of them. Defaults to every table, and transactional
-	// logical decoding messages too.
+	// truncations included) and the schema changes (every one: rare, and
+	// what a copy of the tables must follow); the server filters the rest
+	// out. Every transaction is still delivered, as its begin and commit,
+	// even when it changed none of them. Defaults to every table, and
+	// transactional logical decoding messages too.
 	Tables []canonical.TableName
 	// After makes Consume deliver only the transactions that end after
 	// it: the Position of the last OpCommit a consumer handled, to resume
@@ -72,7 +73,7 @@ func Consume(ctx context.Context, s jetstream.Stream, cfg ConsumeConfig, emit fu
 	occ := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start,
 		FilterSubjects: []string{prefix + ".>"}}
 	if cfg.Tables != nil {
-		occ.FilterSubjects = []string{CommitSubject(prefix)}
+		occ.FilterSubjects = []string{CommitSubject(prefix), DDLSubject(prefix)}
 		for _, t := range cfg.Tables {
 			occ.FilterSubjects = append(occ.FilterSubjects, TableSubject(prefix, t))
 		}

@@ -39,7 +39,7 @@ func consumeUntil(t *testing.T, s jetstream.Stream, cfg natsjs.ConsumeConfig, en
 // throughStream is what a slot's change stream becomes once through the
 // stream: a truncation of several tables is one per table, and
 // non-transactional messages are gone. keep, when set, says which tables'
-// changes are kept.
+// changes are kept (schema changes are, all of them).
 func throughStream(changes []canonical.Change, keep func(canonical.TableName) bool) []canonical.Change {
 	var out []canonical.Change
 	for _, ch := range changes {
@@ -56,7 +56,7 @@ func throughStream(changes []canonical.Change, keep func(canonical.TableName) bo
 			if ch.Message.Transactional && keep == nil {
 				out = append(out, ch)
 			}
-		case canonical.OpBegin, canonical.OpCommit:
+		case canonical.OpBegin, canonical.OpCommit, canonical.OpDDL:
 			out = append(out, ch)
 		default:
 			if keep == nil || keep(ch.TableName()) {
@@ -99,9 +99,9 @@ func TestConsumeDeliversTheSlotsStream(t *testing.T) {
 	assert.Equal(t, end, last, "Consume returns the end of the last transaction delivered")
 }
 
-// TestConsumeTables: a consumer of one table gets its changes only, and
-// every transaction's begin and commit, even those that did not change
-// it, so it knows where each transaction ends.
+// TestConsumeTables: a consumer of one table gets its changes only (and
+// the schema changes), and every transaction's begin and commit, even
+// those that did not change it, so it knows where each transaction ends.
 func TestConsumeTables(t *testing.T) {
 	t.Parallel()
 	s, changes := publishWork(t)
@@ -114,11 +114,11 @@ func TestConsumeTables(t *testing.T) {
 		switch {
 		case ch.Op == canonical.OpCommit:
 			commits++
-		case ch.Op != canonical.OpBegin && ch.Op != canonical.OpTruncate && ch.TableName() != items:
+		case ch.Op != canonical.OpBegin && ch.Op != canonical.OpTruncate && ch.Op != canonical.OpDDL && ch.TableName() != items:
 			other++
 		}
 	}
-	assert.Equal(t, 6, commits, "every published transaction")
+	assert.Equal(t, 7, commits, "every published transaction")
 	assert.Zero(t, other, "no change of another table")
 }
 

@@ -29,6 +29,7 @@
 //     statement's CASCADE and RESTART IDENTITY);
 //   - a transactional logical decoding message (pg_logical_emit_message
 //     with transactional true) on <prefix>.message ([MessageSubject]);
+//   - a schema change ([canonical.OpDDL]) on <prefix>.ddl ([DDLSubject]);
 //   - after a transaction's changes, a commit marker on <prefix>.commit
 //     ([CommitSubject]).
 //

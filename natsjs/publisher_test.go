@@ -41,6 +41,7 @@ var workTransactions = []string{
 	`BEGIN; SELECT pg_logical_emit_message(true, 'app', 'hello'); INSERT INTO other VALUES (1); COMMIT`,
 	`SELECT pg_logical_emit_message(false, 'app', 'no transaction: not published')`,
 	`INSERT INTO other VALUES (2)`,
+	`BEGIN; ALTER TABLE other ADD COLUMN note text; INSERT INTO other VALUES (3, 'after the schema change'); COMMIT`,
 	`INSERT INTO items VALUES (10, 'end')`,
 }
 
@@ -57,8 +58,9 @@ type expectedMsg struct {
 }
 
 // expectMessages turns a slot's change stream into the messages a
-// Publisher writes for it: a message per row change, per truncated table
-// and per transactional message, a marker after each transaction.
+// Publisher writes for it: a message per row change, per truncated table,
+// per transactional message and per schema change, a marker after each
+// transaction.
 func expectMessages(prefix string, changes []canonical.Change) []expectedMsg {
 	var out []expectedMsg
 	var begin canonical.Change
@@ -86,6 +88,8 @@ func expectMessages(prefix string, changes []canonical.Change) []expectedMsg {
 			if ch.Message.Transactional {
 				add(natsjs.MessageSubject(prefix), ch)
 			}
+		case canonical.OpDDL:
+			add(natsjs.DDLSubject(prefix), ch)
 		case canonical.OpCommit:
 			n := len(tx)
 			add(natsjs.CommitSubject(prefix), ch)
@@ -159,7 +163,7 @@ func TestPublishEveryKindOfChange(t *testing.T) {
 		subjects[m.Subject] = true
 	}
 	assert.Equal(t, map[string]bool{
-		"t.public.items": true, "t.public.other": true, "t.message": true, "t.commit": true,
+		"t.public.items": true, "t.public.other": true, "t.message": true, "t.ddl": true, "t.commit": true,
 		"t.Odd%20%22S%22.ta%2Eble%20%2A%3E%20%C3%BC": true,
 	}, subjects)
 	table, err := natsjs.ParseTableSubject("t", "t.Odd%20%22S%22.ta%2Eble%20%2A%3E%20%C3%BC")

@@ -21,6 +21,8 @@ const (
 	// messageToken is the subject token of transactional logical decoding
 	// messages.
 	messageToken = "message"
+	// ddlToken is the subject token of schema changes.
+	ddlToken = "ddl"
 )
 
 // ErrInvalidToken is wrapped by [ParseSubjectToken]'s errors.
@@ -143,6 +145,11 @@ func CommitSubject(prefix string) string { return orDefault(prefix) + "." + comm
 // messages (pg_logical_emit_message) under prefix ("" means
 // [DefaultPrefix]).
 func MessageSubject(prefix string) string { return orDefault(prefix) + "." + messageToken }
+
+// DDLSubject returns the subject of schema changes ([canonical.OpDDL])
+// under prefix ("" means [DefaultPrefix]): a consumer that keeps a copy
+// of tables applies them at their place, before the table's next changes.
+func DDLSubject(prefix string) string { return orDefault(prefix) + "." + ddlToken }
 
 // orDefault returns prefix, or DefaultPrefix for "".
 func orDefault(prefix string) string {

@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -156,4 +158,30 @@ func parseEntry(line string) (Entry, error) {
 	}
 	e.CatalogOID, e.OID, e.Text = uint32(catalog), uint32(oid), fields[2]
 	return e, nil
+}
+
+// writeUseList writes the entries of the archive at path that
+// opts.Exclude keeps to a pg_restore --use-list file, in a temporary
+// directory of opts.Exec.TempDir that remove removes.
+func writeUseList(ctx context.Context, opts RestoreOptions, path string) (list string, remove func() error, err error) {
+	l, err := ListFile(ctx, ListOptions{Exec: opts.Exec}, path)
+	if err != nil {
+		return "", nil, err
+	}
+	dir, remove, err := MkdirTemp(opts.Exec.TempDir, "pgdump-list-*")
+	if err != nil {
+		return "", nil, fmt.Errorf("pgdump: make a directory for the restore list: %w", err)
+	}
+	var b bytes.Buffer
+	for _, e := range l.Entries {
+		if !opts.Exclude(e) {
+			fmt.Fprintf(&b, "%d; %d %d %s\n", e.ID, e.CatalogOID, e.OID, e.Text)
+		}
+	}
+	list = filepath.Join(dir, "restore.list")
+	if err := os.WriteFile(list, b.Bytes(), 0o600); err != nil {
+		remove()
+		return "", nil, fmt.Errorf("pgdump: write the restore list: %w", err)
+	}
+	return list, remove, nil
 }

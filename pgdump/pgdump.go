@@ -246,6 +246,10 @@ type RestoreOptions struct {
 	// Role makes pg_restore SET ROLE to it after connecting (--role): with
 	// NoOwner, the restored objects belong to it.
 	Role string
+	// Exclude, when set, leaves out the archive's entries it returns true
+	// for: pg_restore restores the others, as listed in a --use-list file
+	// ([RestoreFile] only).
+	Exclude func(Entry) bool
 }
 
 // Restore runs pg_restore --exit-on-error on the archive read from r
@@ -290,6 +294,17 @@ func restore(ctx context.Context, opts RestoreOptions, path string, r io.Reader)
 	}
 	if opts.Role != "" {
 		args = append(args, "--role="+opts.Role)
+	}
+	if opts.Exclude != nil {
+		if path == "" {
+			return fmt.Errorf("%w: leaving entries out needs the archive in a file: use RestoreFile", ErrUnsupported)
+		}
+		list, remove, err := writeUseList(ctx, opts, path)
+		if err != nil {
+			return err
+		}
+		defer remove()
+		args = append(args, "--use-list="+list)
 	}
 	// --dbname names the database to restore into; without it pg_restore
 	// prints SQL instead. It is taken from PGDATABASE when given empty.

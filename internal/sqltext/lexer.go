@@ -79,8 +79,9 @@ func (lx *lexer) token() token {
 	return tok
 }
 
-// skipString skips a string constant from its opening quote: '' is a
-// quote inside it, and so is \' in an escape string.
+// skipString skips a string constant from its opening quote: two quotes
+// in a row are one quote inside it, and so is a backslash and a quote in
+// an escape string.
 func (lx *lexer) skipString(escapes bool) {
 	s := lx.src
 	lx.pos++
@@ -164,7 +165,9 @@ func (lx *lexer) skipBlockComment() {
 	}
 }
 
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' }
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
+}
 
 func isWordStart(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80

@@ -1,0 +1,222 @@
+package siphon
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// SchemaChangeError reports a schema change captured on the source (an
+// [canonical.OpDDL] change) that apply could not make on the target: its
+// statement failed there, or it cannot be replayed as it is
+// ([canonical.DDL].Problem). Nothing of the source transaction that holds
+// it was applied; every transaction before it was.
+type SchemaChangeError struct {
+	// Position is the source transaction's commit LSN (its begin's
+	// Position), which [WithSkippedSchemaChange] takes.
+	Position  canonical.Position
+	Tag       string
+	Statement string
+	// Problem is the change's DDL.Problem; empty when the statement failed.
+	Problem string
+	// Err is the target's error; nil with a Problem.
+	Err error
+}
+
+func (e *SchemaChangeError) Error() string {
+	what := fmt.Sprintf("siphon: the schema change (%s) of the source transaction committed at %v", e.Tag, e.Position)
+	if e.Problem != "" {
+		what += " cannot be replayed: " + e.Problem
+	} else {
+		what += fmt.Sprintf(" failed on the target: %v", e.Err)
+	}
+	return fmt.Sprintf("%s; the statement: %s; make the target's schema what the source's became (by hand), then apply again with WithSkippedSchemaChange(%v)",
+		what, shortStatement(e.Statement), e.Position)
+}
+
+func (e *SchemaChangeError) Unwrap() error { return e.Err }
+
+// shortStatement shortens a statement for an error message.
+func shortStatement(s string) string {
+	const limit = 300
+	if len(s) > limit {
+		return s[:limit] + "..."
+	}
+	return s
+}
+
+// schemaChange applies an OpDDL change in the unit's transaction, which
+// then ends with the source transaction (a new enum value, say, is usable
+// only once committed).
+func (cc *changeConsumer) schemaChange(ctx context.Context, ch *canonical.Change) error {
+	cc.unit.schemaChanged = true
+	if err := cc.flushRun(ctx); err != nil {
+		return err
+	}
+	if err := cc.s.flush(ctx); err != nil {
+		return err
+	}
+	return cc.s.c.runSchemaChange(ctx, cc.s, cc.tx.pos, ch.DDL)
+}
+
+// ddlSession is where a schema change runs: an apply session in its open
+// transaction, or ApplyChange's pooled session.
+type ddlSession interface {
+	// runDDL runs stmt under search_path path.
+	runDDL(ctx context.Context, path, stmt string) error
+	// schemaChanged forgets what is known of the target's tables.
+	schemaChanged()
+}
+
+// runSchemaChange runs d, of the source transaction committed at pos,
+// under the source's search_path, unless WithSkippedSchemaChange names
+// pos or d cannot be replayed.
+func (c *Conn) runSchemaChange(ctx context.Context, s ddlSession, pos canonical.Position, d *canonical.DDL) error {
+	if slices.Contains(c.opts.skippedSchemaChanges, pos) {
+		c.log.Warn("schema change skipped (WithSkippedSchemaChange)", "position", pos, "tag", d.Tag, "statement", shortStatement(d.Statement))
+		return nil
+	}
+	var err error
+	if d.Problem == "" {
+		defer s.schemaChanged()
+		if err = s.runDDL(ctx, d.SearchPath, d.Statement); err == nil {
+			return nil
+		}
+	}
+	return &SchemaChangeError{Position: pos, Tag: d.Tag, Statement: d.Statement, Problem: d.Problem, Err: err}
+}
+
+// setSearchPathSQL sets the search_path for the rest of the transaction.
+const setSearchPathSQL = "SELECT set_config('search_path', $1, true)"
+
+// runDDL runs stmt in the session's open transaction, then puts the
+// session's search_path back.
+func (s *applySession) runDDL(ctx context.Context, path, stmt string) error {
+	if err := s.await(); err != nil {
+		return err
+	}
+	for _, step := range []struct {
+		sql    string
+		params [][]byte
+	}{{setSearchPathSQL, [][]byte{[]byte(path)}}, {stmt, nil}, {"RESET search_path", nil}} {
+		if _, err := s.pg.ExecParams(ctx, step.sql, step.params, nil, nil, nil).Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// schemaChanged forgets the target's tables: they are read again, and
+// checked again when the role must, at their next use.
+func (s *applySession) schemaChanged() {
+	if s.role.guard {
+		for name := range s.targets {
+			if !slices.Contains(s.unchecked, name) {
+				s.unchecked = append(s.unchecked, name)
+			}
+		}
+	}
+	clear(s.targets)
+	clear(s.bindings)
+}
+
+// applySchemaChange is ApplyChange of an OpDDL change.
+func (c *Conn) applySchemaChange(ctx context.Context, ch *canonical.Change) error {
+	if ch.DDL == nil {
+		return fmt.Errorf("a ddl change without its DDL")
+	}
+	role, err := c.apply.applyRole(ctx, c)
+	if err != nil {
+		return err
+	}
+	return c.runSchemaChange(ctx, pooledDDL{c: c, role: role}, ch.Position, ch.DDL)
+}
+
+// pooledDDL runs ApplyChange's schema changes on a pooled session, each
+// in an implicit transaction of its own, as a replica when the role may.
+type pooledDDL struct {
+	c    *Conn
+	role applyRole
+}
+
+func (p pooledDDL) runDDL(ctx context.Context, path, stmt string) error {
+	conn, err := p.c.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	batch := &pgconn.Batch{}
+	if p.role.replica {
+		batch.ExecParams(localReplicaRoleSQL, nil, nil, nil, nil)
+	}
+	batch.ExecParams(setSearchPathSQL, [][]byte{[]byte(path)}, nil, nil, nil)
+	batch.ExecParams(stmt, nil, nil, nil, nil)
+	_, err = conn.Conn().PgConn().ExecBatch(ctx, batch).ReadAll()
+	return err
+}
+
+func (p pooledDDL) schemaChanged() { p.c.apply.forgetAll() }
+
+// followColumns makes the target table follow the column changes the
+// stream shows without schema change records (a source without the
+// schema capture), where that is exact:
+//   - a column the source added, which the target lacks, is added when it
+//     is nullable and has no default on the source: the rows that existed
+//     hold NULL there too;
+//   - a column the table's previous table record in this stream had, and
+//     the new one has not, is dropped.
+//
+// A change that adds and drops columns at once (a rename, perhaps), or
+// adds a column with a default, is left to bind to refuse. followed
+// reports whether the target table changed.
+func (s *applySession) followColumns(ctx context.Context, t *canonical.Table, target *targetTable) (followed bool, err error) {
+	name := t.TableName()
+	prev := s.previous[name]
+	var add []canonical.Column
+	for _, c := range t.Columns {
+		if target.column(c.Name) == nil {
+			add = append(add, c)
+		}
+	}
+	var drop []string
+	others := false // target columns the stream never had: the target's own
+	for _, tc := range target.columns {
+		switch {
+		case t.ColumnIndex(tc.name) >= 0:
+		case slices.ContainsFunc(prev, func(c canonical.Column) bool { return c.Name == tc.name }):
+			drop = append(drop, tc.name)
+		default:
+			others = true
+		}
+	}
+	switch {
+	case len(add) > 0 && (len(drop) > 0 || others):
+		return false, nil // which column became which is not known
+	case slices.ContainsFunc(add, func(c canonical.Column) bool { return !c.Nullable || c.Default }):
+		return false, nil // the rows that existed got values the stream does not carry
+	case len(add)+len(drop) == 0:
+		return false, nil
+	}
+	var stmts []string
+	for _, c := range add {
+		stmts = append(stmts, "ALTER TABLE "+quoteTable(name)+" ADD COLUMN "+quoteIdent(c.Name)+" "+c.Type)
+	}
+	for _, col := range drop {
+		stmts = append(stmts, "ALTER TABLE "+quoteTable(name)+" DROP COLUMN "+quoteIdent(col))
+	}
+	if err := s.flush(ctx); err != nil {
+		return false, err
+	}
+	for _, stmt := range stmts {
+		if _, err := s.pg.Exec(ctx, stmt).ReadAll(); err != nil {
+			return false, &SchemaIncompatibleError{Table: name, Problem: fmt.Sprintf(
+				"the source's columns changed and following them failed (%s): %v; change the target table by hand", stmt, err)}
+		}
+	}
+	s.c.log.Info("the target table follows the columns the source added or dropped", "table", name, "statements", stmts)
+	return true, nil
+}

@@ -1,0 +1,187 @@
+package siphon
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// Sequences. Logical decoding does not carry sequences, so siphon reads
+// their state where a stream ends: a snapshot's after its rows, an
+// incremental's once its bound is reached, a live replication's when it
+// stops. Sequences change outside transactions, so what is read is their
+// state at or after that point, never behind a key the rows before it
+// used. Apply sets a target sequence to the source's state only when that
+// moves it forward, so the target's next value never collides with a key
+// the source has used (target >= source), and a target sequence ahead of
+// the source is left as it is.
+
+// sequencesQuery lists the sequences a Conn carries, with whether the
+// role may read them: every user sequence (not temporary, not of an
+// extension, not siphon's) or, with WithTables ($1 schemas, $2 names),
+// those the tables own (serial and identity columns) or use in column
+// defaults.
+const sequencesQuery = `
+SELECT n.nspname, c.relname, has_sequence_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind = 'S' AND c.relpersistence <> 't'
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_%'
+  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
+  AND (cardinality($1::text[]) = 0 OR EXISTS (
+        SELECT FROM unnest($1::text[], $2::text[]) AS u(s, t)
+        JOIN pg_namespace tn ON tn.nspname = u.s JOIN pg_class t ON t.relnamespace = tn.oid AND t.relname = u.t
+        WHERE EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                        AND d.refclassid = 'pg_class'::regclass AND d.refobjid = t.oid AND d.deptype IN ('a', 'i'))
+           OR EXISTS (SELECT FROM pg_attrdef ad JOIN pg_depend d ON d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid
+                      WHERE ad.adrelid = t.oid AND d.refclassid = 'pg_class'::regclass AND d.refobjid = c.oid)))
+ORDER BY 1, 2`
+
+// sequenceState is one sequence's last_value and is_called, and its
+// increment.
+type sequenceState struct {
+	value, increment int64
+	called           bool
+}
+
+// next is the value nextval would return.
+func (s sequenceState) next() int64 {
+	if s.called {
+		return s.value + s.increment
+	}
+	return s.value
+}
+
+// readSequences reads the state of the sequences c carries. Those the
+// role may not read are left out, and said at Warn.
+func (c *Conn) readSequences(ctx context.Context) ([]canonical.Sequence, error) {
+	schemas, names := nameArrays(c.tables)
+	rows, err := c.pool.Query(ctx, sequencesQuery, schemas, names)
+	if err != nil {
+		return nil, fmt.Errorf("list sequences: %w", err)
+	}
+	var seqs []canonical.Sequence
+	var unreadable []canonical.TableName
+	for rows.Next() {
+		var s canonical.Sequence
+		var readable bool
+		if err := rows.Scan(&s.Schema, &s.Name, &readable); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("list sequences: %w", err)
+		}
+		if readable {
+			seqs = append(seqs, s)
+		} else {
+			unreadable = append(unreadable, s.TableName())
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sequences: %w", err)
+	}
+	if len(unreadable) > 0 {
+		c.log.Warn("sequences the role may not read are not carried: a target may reuse their values; GRANT SELECT ON them",
+			"sequences", tableList(unreadable))
+	}
+	states, err := readSequenceStates(ctx, c.pool, seqs)
+	if err != nil {
+		return nil, err
+	}
+	for i := range seqs {
+		seqs[i].Value, seqs[i].Called = states[i].value, states[i].called
+	}
+	return seqs, nil
+}
+
+// sequenceBatch is a batch of queries, as pgx sends them.
+type sequenceBatch interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// readSequenceStates reads the state of seqs, in one round trip. A
+// sequence that does not exist has a zero increment.
+func readSequenceStates(ctx context.Context, q sequenceBatch, seqs []canonical.Sequence) ([]sequenceState, error) {
+	states := make([]sequenceState, len(seqs))
+	if len(seqs) == 0 {
+		return states, nil
+	}
+	b := &pgx.Batch{}
+	for _, s := range seqs {
+		// Reading the sequence relation gives last_value and is_called even
+		// when nextval was never called (pg_sequences shows NULL then).
+		b.Queue(`SELECT s.last_value, s.is_called, q.seqincrement FROM ` + quoteTable(s.TableName()) + ` s, pg_sequence q
+			WHERE q.seqrelid = ` + quoteLiteral(quoteTable(s.TableName())) + `::regclass`)
+	}
+	br := q.SendBatch(ctx, b)
+	defer br.Close()
+	for i, s := range seqs {
+		err := br.QueryRow().Scan(&states[i].value, &states[i].called, &states[i].increment)
+		switch {
+		case isCode(err, codeUndefinedTable):
+			return nil, &SchemaIncompatibleError{Table: s.TableName(), Problem: "the sequence does not exist in the target database: create it there (same DDL as the source)"}
+		case isCode(err, codeInsufficientPriv):
+			return nil, &SchemaIncompatibleError{Table: s.TableName(), Problem: "the role may not read the sequence: GRANT SELECT, UPDATE ON it (its next values must stay past the source's)"}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read sequence %s: %w", s.TableName(), err)
+		}
+	}
+	return states, br.Close()
+}
+
+// writeSequences writes the state of the sequences c carries to enc.
+func (c *Conn) writeSequences(ctx context.Context, enc *canonical.Encoder) error {
+	seqs, err := c.readSequences(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range seqs {
+		if err := enc.WriteSequence(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// advanceSequences sets each target sequence of seqs that is behind the
+// source's state to it, and leaves those at or past it.
+func advanceSequences(ctx context.Context, q sequenceBatch, seqs []canonical.Sequence) error {
+	states, err := readSequenceStates(ctx, q, seqs)
+	if err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	for i, s := range seqs {
+		target := states[i]
+		source := sequenceState{value: s.Value, called: s.Called, increment: target.increment}
+		behind := target.next() < source.next()
+		if target.increment < 0 {
+			behind = target.next() > source.next()
+		}
+		if behind {
+			b.Queue("SELECT setval($1::regclass, $2, $3)", quoteTable(s.TableName()), s.Value, s.Called)
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("set sequences: %w", err)
+	}
+	return nil
+}
+
+// advanceSequences sets the target's sequences the stream carried, once
+// its end was read (and verified) and its transactions are committed:
+// sequences are not transactional, so they are set last, when nothing of
+// the stream can still be refused.
+func (s *applySession) advanceSequences(ctx context.Context) error {
+	if len(s.sequences) == 0 {
+		return nil
+	}
+	if err := advanceSequences(ctx, s.conn, s.sequences); err != nil {
+		return fmt.Errorf("sequences: %w", err)
+	}
+	s.sequences = s.sequences[:0]
+	return nil
+}
