@@ -5,8 +5,12 @@ package siphon
 // Files: apply.go (the API, errors, ApplyChange), apply_catalog.go (the
 // target's tables and how source columns map onto them), apply_sql.go
 // (statements per change shape), apply_queue.go (pipelined statements),
-// apply_origin.go (where the applied Position is kept), apply_consume.go
-// (ConsumeCanonical's transaction loop) and apply_copy.go (COPY paths).
+// apply_origin.go (where the applied Position is kept), apply_role.go
+// (session_replication_role, and what an ordinary session checks),
+// apply_consume.go (ConsumeCanonical, the apply session and its record
+// source), apply_units.go (a change stream's transactions, grouped into
+// target transactions), apply_copy.go (snapshots and COPY paths) and
+// apply_ddl.go (schema changes, and columns followed without them).
 
 import (
 	"context"

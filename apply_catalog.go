@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/siphondb/siphon/canonical"
 )
@@ -55,10 +56,17 @@ func (t *targetTable) column(name string) *targetColumn {
 }
 
 // exactTypes are the built-in types (by OID) whose equality implies equal
-// output text: bool, bytea, "char", name, int8, int2, int4, text, oid,
-// cidr, macaddr8, money, macaddr, inet, varchar, date, time, timestamp,
-// timestamptz, bit, varbit, uuid, pg_lsn. Enums are exact too.
-var exactTypes = []int64{16, 17, 18, 19, 20, 21, 23, 25, 26, 650, 774, 790, 829, 869, 1043, 1082, 1083, 1114, 1184, 1560, 1562, 2950, 3220}
+// output text. Enums are exact too.
+var exactTypes = []int64{pgtype.BoolOID, pgtype.ByteaOID, pgtype.QCharOID, pgtype.NameOID, pgtype.Int8OID, pgtype.Int2OID,
+	pgtype.Int4OID, pgtype.TextOID, pgtype.OIDOID, pgtype.CIDROID, pgtype.Macaddr8OID, moneyOID, pgtype.MacaddrOID,
+	pgtype.InetOID, pgtype.VarcharOID, pgtype.DateOID, pgtype.TimeOID, pgtype.TimestampOID, pgtype.TimestamptzOID,
+	pgtype.BitOID, pgtype.VarbitOID, pgtype.UUIDOID, pgLSNOID}
+
+// The OIDs of built-in types pgtype does not name.
+const (
+	moneyOID = 790
+	pgLSNOID = 3220
+)
 
 // targetTableQuery lists a table's columns (none when it has none) with
 // their types, and their place in the primary key and in the replica

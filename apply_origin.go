@@ -194,7 +194,7 @@ func (t tracker) queueRecord(q *stmtQueue, pos canonical.Position, at time.Time)
 	q.add(st, stmtOwner{label: "record the applied position " + pos.String()})
 }
 
-// progress reads what the target has applied of the source key: the
+// readProgress reads what the target has applied of the source key: the
 // origin's progress (when the role may read it) and the bookkeeping row
 // (when the table exists), whichever is further.
 func readProgress(ctx context.Context, q querier, env applyEnv, key string) (canonical.Position, error) {

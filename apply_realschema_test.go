@@ -99,8 +99,8 @@ func realShopRound(t *testing.T, conn *pgx.Conn, k int) {
 		// A line that references a product inserted after it: the
 		// deferrable key is checked at commit.
 		`BEGIN`,
-		fmt.Sprintf(`INSERT INTO order_lines (order_id, placed_on, line_no, product_id, qty)
-			SELECT id, placed_on, 9, (SELECT max(id) + 1 FROM products), 1 FROM orders ORDER BY id DESC LIMIT 1`),
+		`INSERT INTO order_lines (order_id, placed_on, line_no, product_id, qty)
+			SELECT id, placed_on, 9, (SELECT max(id) + 1 FROM products), 1 FROM orders ORDER BY id DESC LIMIT 1`,
 		fmt.Sprintf(`INSERT INTO products (sku, price) VALUES ('late-%d', 9.99)`, k),
 		`COMMIT`,
 		`UPDATE orders SET placed_on = placed_on + 365 WHERE placed_on < '2026-01-01' AND id % 5 = 0`,

@@ -383,9 +383,7 @@ func (c *Conn) snapshotTables(ctx context.Context, snapshot string, opt BackupOp
 		return nil, err
 	}
 	rows, err := tx.Query(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'
-		  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_toast%'
-		  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
+		WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't' AND `+inUserSchema+` AND `+notOfExtension+`
 		ORDER BY n.nspname, c.relname`)
 	if err != nil {
 		return nil, err

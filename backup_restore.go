@@ -147,10 +147,7 @@ func (c *Conn) findRestore(ctx context.Context, bin string, h canonical.Envelope
 func (c *Conn) checkTargetEmpty(ctx context.Context, database string) error {
 	const query = `SELECT coalesce(array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY n.nspname, c.relname), '{}')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
-		  AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-		  AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%'
-		  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')`
+		WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND ` + inUserSchema + ` AND ` + notOfExtension
 	var q interface {
 		QueryRow(context.Context, string, ...any) pgx.Row
 	} = c.pool

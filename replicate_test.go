@@ -134,14 +134,6 @@ func sourceMark(t *testing.T, conn *pgx.Conn) canonical.Position {
 	return pos
 }
 
-// appliedOrZero reads the target's applied Position of a source.
-func appliedOrZero(t *testing.T, target *siphon.Conn, systemID, slot string) canonical.Position {
-	t.Helper()
-	pos, err := target.AppliedPositionFor(context.Background(), systemID, slot)
-	require.NoError(t, err)
-	return pos
-}
-
 // The environment of the replicate child, the test binary in child mode
 // "replicate".
 const (

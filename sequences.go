@@ -26,9 +26,7 @@ import (
 // defaults.
 const sequencesQuery = `
 SELECT n.nspname, c.relname, has_sequence_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind = 'S' AND c.relpersistence <> 't'
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_%'
-  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
+WHERE c.relkind = 'S' AND c.relpersistence <> 't' AND ` + inUserSchema + ` AND ` + notOfExtension + `
   AND (cardinality($1::text[]) = 0 OR EXISTS (
         SELECT FROM unnest($1::text[], $2::text[]) AS u(s, t)
         JOIN pg_namespace tn ON tn.nspname = u.s JOIN pg_class t ON t.relnamespace = tn.oid AND t.relname = u.t

@@ -334,20 +334,6 @@ func (e *OptionError) Error() string {
 	return fmt.Sprintf("siphon: %s: %s: %s", e.Option, e.Problem, e.Fix)
 }
 
-// indexColumns selects, in key order, the column names of table c's index
-// that matches the condition appended to it; primaryKeyColumns and
-// identityIndexColumns complete it.
-const indexColumns = `coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i
-                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-                 WHERE i.indrelid = c.oid AND i.`
-
-const (
-	primaryKeyColumns    = indexColumns + `indisprimary), '{}')`
-	identityIndexColumns = indexColumns + `indisreplident), '{}')`
-)
-
 // inspectQuery lists user tables (ordinary and partitioned) with their
 // columns, keys and replica identity. Generated columns are left out: they
 // are neither published nor insertable, the target computes them.
@@ -369,9 +355,7 @@ CROSS JOIN LATERAL (
 LEFT JOIN pg_inherits inh ON c.relispartition AND inh.inhrelid = c.oid
 LEFT JOIN pg_class pc ON pc.oid = inh.inhparent
 LEFT JOIN pg_namespace pn ON pn.oid = pc.relnamespace
-WHERE c.relkind IN ('r', 'p')
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon')
-  AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%'
+WHERE c.relkind IN ('r', 'p') AND ` + inUserSchema + ` AND ` + notOfExtension + `
 ORDER BY n.nspname, c.relname`
 
 // InspectSchema describes the tables siphon works on: those named by

@@ -94,9 +94,7 @@ const usableIdentity = `NOT EXISTS (
 // isUserTable is true for a table c (in schema n) that a publication may
 // hold: an ordinary or partitioned table, not temporary or unlogged, not
 // of an extension and not in a system schema or siphon's.
-const isUserTable = `c.relkind IN ('r', 'p') AND c.relpersistence = 'p'
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_%'
-  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')`
+const isUserTable = `c.relkind IN ('r', 'p') AND c.relpersistence = 'p' AND ` + inUserSchema + ` AND ` + notOfExtension
 
 // userTablesQuery lists the tables of $1 (schemas) and $2 (names), or
 // every user table when both are empty (not partitions, unless named: a

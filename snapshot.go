@@ -255,16 +255,15 @@ func (c *Conn) inLoadOrder(ctx context.Context, schema *canonical.Schema) (*cano
 	return ordered, nil
 }
 
-// sourceHeader describes the source for a JSONL header.
+// sourceHeader describes the source for a JSONL header, as identifySystem
+// reads it.
 func (c *Conn) sourceHeader(ctx context.Context) (canonical.Header, error) {
-	h := canonical.Header{Engine: canonical.EnginePostgres, Slot: c.opts.slot}
-	err := c.pool.QueryRow(ctx, `SELECT (SELECT system_identifier::text FROM pg_control_system()),
-		(SELECT timeline_id FROM pg_control_checkpoint()), current_setting('server_version')`).
-		Scan(&h.SystemID, &h.Timeline, &h.ServerVersion)
+	info, err := c.identifySystem(ctx)
 	if err != nil {
-		return h, fmt.Errorf("identify source: %w", err)
+		return canonical.Header{}, err
 	}
-	return h, nil
+	return canonical.Header{Engine: canonical.EnginePostgres, Slot: c.opts.slot,
+		SystemID: info.systemID, Timeline: info.timeline, ServerVersion: info.serverVersion}, nil
 }
 
 // publishedSchema describes the tables siphon's publication publishes (see

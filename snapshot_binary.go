@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // valueKind says how a column's binary COPY field becomes canonical text.
@@ -38,26 +40,26 @@ const (
 // output text in Go. Every other type is selected through its output
 // function, which the server runs.
 var binaryKinds = map[uint32]valueKind{
-	16:   kindBool,
-	17:   kindBytea,
-	18:   kindChar,
-	19:   kindText, // name
-	20:   kindInt8,
-	21:   kindInt2,
-	23:   kindInt4,
-	25:   kindText,
-	26:   kindOID,
-	114:  kindText, // json
-	700:  kindFloat4,
-	701:  kindFloat8,
-	1042: kindText, // bpchar: sent padded, as bpcharout prints it
-	1043: kindText, // varchar
-	1082: kindDate,
-	1114: kindTimestamp,
-	1184: kindTimestamptz,
-	1700: kindNumeric,
-	2950: kindUUID,
-	3802: kindJSONB,
+	pgtype.BoolOID:        kindBool,
+	pgtype.ByteaOID:       kindBytea,
+	pgtype.QCharOID:       kindChar,
+	pgtype.NameOID:        kindText,
+	pgtype.Int8OID:        kindInt8,
+	pgtype.Int2OID:        kindInt2,
+	pgtype.Int4OID:        kindInt4,
+	pgtype.TextOID:        kindText,
+	pgtype.OIDOID:         kindOID,
+	pgtype.JSONOID:        kindText,
+	pgtype.Float4OID:      kindFloat4,
+	pgtype.Float8OID:      kindFloat8,
+	pgtype.BPCharOID:      kindText, // sent padded, as bpcharout prints it
+	pgtype.VarcharOID:     kindText,
+	pgtype.DateOID:        kindDate,
+	pgtype.TimestampOID:   kindTimestamp,
+	pgtype.TimestamptzOID: kindTimestamptz,
+	pgtype.NumericOID:     kindNumeric,
+	pgtype.UUIDOID:        kindUUID,
+	pgtype.JSONBOID:       kindJSONB,
 }
 
 // appendValue appends the output text of one binary field of kind k to dst.

@@ -118,6 +118,12 @@ func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Sc
 		g.batches = make(chan *rowBatch, workers)
 	}
 	var wg sync.WaitGroup
+	// The workers are stopped and joined however consume ends, a panicking
+	// fn included.
+	defer func() {
+		cancel(err)
+		wg.Wait()
+	}()
 	for i := range workers {
 		wg.Go(func() {
 			conn := lead
@@ -134,10 +140,7 @@ func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Sc
 			}
 		})
 	}
-	err = run.consume(ctx, fn, cfg)
-	cancel(err)
-	wg.Wait()
-	return err
+	return run.consume(ctx, fn, cfg)
 }
 
 // closeSession ends a copying session; its read-only transaction needs no

@@ -346,20 +346,16 @@ func lockRelationNoWait(ctx context.Context, tx *pgx.Conn, r *relPlan) error {
 // currentQuery reads relations as they are now (outside the snapshot), by
 // name.
 const currentQuery = `
-SELECT q.i::int, r.oid, pg_relation_filenode(r.oid),
+SELECT q.i::int, c.oid, pg_relation_filenode(c.oid),
        coalesce((SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
-                 WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
        coalesce((SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
-                 WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
        coalesce((SELECT array_agg(a.atttypid::int8 ORDER BY a.attnum) FROM pg_attribute a
-                 WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
-       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i
-                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-                 JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum = k.attnum
-                 WHERE i.indrelid = r.oid AND i.indisprimary), '{}')
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+       ` + primaryKeyColumns + `
 FROM unnest($1::text[]) WITH ORDINALITY AS q(name, i)
-LEFT JOIN pg_class r ON r.oid = to_regclass(q.name)
+LEFT JOIN pg_class c ON c.oid = to_regclass(q.name)
 ORDER BY q.i`
 
 // checkCurrent compares the locked relations as they are now with the

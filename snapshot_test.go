@@ -689,6 +689,9 @@ func TestSnapshotPartitionedThroughLeaves(t *testing.T) {
 	assert.Equal(t, []string{"", ""}, got[canonical.TableName{Schema: "public", Name: "zero_columns"}])
 }
 
+// TestSnapshotCopyCancelled stops copies with a cancelled ctx, a callback
+// error and a callback panic: each returns (or panics) with every session
+// it opened closed, and leaves nothing behind.
 func TestSnapshotCopyCancelled(t *testing.T) {
 	t.Parallel()
 	dsn, admin := newDatabase(t)
@@ -709,6 +712,15 @@ func TestSnapshotCopyCancelled(t *testing.T) {
 	stop := errors.New("stop")
 	err = snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { return stop })
 	require.ErrorIs(t, err, stop)
+
+	// A callback that panics: the panic reaches the caller once every
+	// copying session has stopped, and the snapshot copies again.
+	assert.PanicsWithValue(t, "handler bug", func() {
+		snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { panic("handler bug") })
+	})
+	rows := 0
+	require.NoError(t, snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { rows++; return nil }))
+	assert.Positive(t, rows)
 
 	require.NoError(t, snap.Close(context.Background()))
 	err = snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { return nil })

@@ -76,11 +76,11 @@ func TestWithoutConcurrently(t *testing.T) {
 
 func TestNestedStatement(t *testing.T) {
 	t.Parallel()
-	stmt, nested, ok := NestedStatement("")
+	_, nested, ok := NestedStatement("")
 	assert.False(t, nested)
 	assert.False(t, ok)
 
-	stmt, nested, ok = NestedStatement("SQL statement \"CREATE TYPE mood AS ENUM ('a')\"\nPL/pgSQL function inline_code_block line 1 at SQL statement")
+	stmt, nested, ok := NestedStatement("SQL statement \"CREATE TYPE mood AS ENUM ('a')\"\nPL/pgSQL function inline_code_block line 1 at SQL statement")
 	assert.True(t, nested && ok)
 	assert.Equal(t, "CREATE TYPE mood AS ENUM ('a')", stmt)
 
