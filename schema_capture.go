@@ -389,9 +389,10 @@ func (c *Conn) ensureCapture(ctx context.Context) (bool, error) {
 	return s.installed && s.registered && s.published, nil
 }
 
-// removeCapture stops the capture looking after c's publication and, when
-// it looks after no other, removes it. q runs as a role that may (a
-// superuser), or the capture is left as it is with an error.
+// removeCapture stops the capture looking after c's publication once it
+// is gone and, when no publication it looks after exists any more, removes
+// it. q runs as a role that may (a superuser), or the capture is left as it
+// is with an error.
 func (c *Conn) removeCapture(ctx context.Context, q querier) error {
 	var present bool
 	if err := q.QueryRow(ctx, "SELECT to_regclass('siphon.capture_publications') IS NOT NULL OR EXISTS (SELECT FROM pg_event_trigger WHERE evtname IN ($1, $2))",
@@ -405,15 +406,16 @@ func (c *Conn) removeCapture(ctx context.Context, q querier) error {
 	if !superuser {
 		return fmt.Errorf("%w: the schema capture stays installed; remove it as a superuser (Detach with the same WithPublication)", ErrCaptureNeedsSuperuser)
 	}
-	var others int
-	err := q.QueryRow(ctx, `WITH gone AS (DELETE FROM siphon.capture_publications WHERE publication = $1)
-		SELECT count(*) FROM siphon.capture_publications WHERE publication <> $1 AND EXISTS (SELECT FROM pg_publication WHERE pubname = publication)`,
-		c.opts.publication).Scan(&others)
+	var live int
+	err := q.QueryRow(ctx, `WITH gone AS (DELETE FROM siphon.capture_publications r
+		                    WHERE NOT EXISTS (SELECT FROM pg_publication WHERE pubname = r.publication) RETURNING r.publication)
+		SELECT count(*) FROM siphon.capture_publications r
+		WHERE r.publication NOT IN (SELECT publication FROM gone) AND EXISTS (SELECT FROM pg_publication WHERE pubname = r.publication)`).Scan(&live)
 	if err != nil && !isCode(err, codeUndefinedTable) {
 		return err
 	}
-	if others > 0 {
-		c.log.Info("schema capture kept: it looks after other publications", "publications", others)
+	if live > 0 {
+		c.log.Info("schema capture kept: it looks after publications that exist", "publications", live)
 		return nil
 	}
 	_, err = q.Exec(ctx, `DROP EVENT TRIGGER IF EXISTS `+captureEndTrigger+`;

@@ -405,10 +405,10 @@ func asSlotBlocked(err error, slot string, start time.Time) error {
 // persistent slot, then the publication and its inserts-only companion
 // (see [WithKeylessTables]) when no other logical slot of this database
 // remains that may read them (one that does keeps them, and Detach logs
-// which at Info: a publication without a slot pins no WAL), and with the
-// publication the schema capture when it looks after no other publication
-// (see [Conn.InstallSchemaCapture]; removing it needs a superuser, and an
-// error wrapping [ErrCaptureNeedsSuperuser] says so). It refuses,
+// which at Info: a publication without a slot pins no WAL), and the schema
+// capture (see [Conn.InstallSchemaCapture]) once no publication it looks
+// after exists any more (removing it needs a superuser, and an error
+// wrapping [ErrCaptureNeedsSuperuser] says so). It refuses,
 // changing nothing, while the slot is in use (a stream runs: stop it
 // first), with an error wrapping [ErrSlotInUse]. Base slots belong to
 // their chains (drop each with [Conn.DropSlot] when its chain is sealed);
@@ -437,9 +437,7 @@ func (c *Conn) Detach(ctx context.Context) error {
 	}
 	if len(others) > 0 {
 		c.log.Info("publication kept: other slots of this database may read it", "publication", c.opts.publication, "slots", others)
-		return nil
-	}
-	if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+quoteIdent(c.opts.publication)+", "+
+	} else if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+quoteIdent(c.opts.publication)+", "+
 		quoteIdent(c.opts.publication+insertsSuffix)); err != nil {
 		return fmt.Errorf("siphon: detach: drop publication %q: %w", c.opts.publication, err)
 	}

@@ -137,14 +137,15 @@ func digest(ctx context.Context, dsn string) (string, error) {
 	return strings.Join(parts, ","), nil
 }
 
-// removeSlots drops the tour's slots and publication: a slot left behind
-// would pin WAL on the source forever.
+// removeSlots drops the tour's slots, publication and schema capture: a
+// slot left behind would pin WAL on the source forever.
 func removeSlots(ctx context.Context, c *siphon.Conn, source string) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	c.DropSlot(ctx, slotName)
 	c.DropSlot(ctx, backupSlotName)
 	exec(ctx, source, "DROP PUBLICATION IF EXISTS "+publicationName)
+	// The CDC slot, and the schema capture a superuser's Conn installed.
+	c.Detach(ctx)
 }
 
 func exec(ctx context.Context, dsn, sql string) error {
