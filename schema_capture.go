@@ -79,7 +79,9 @@ DECLARE
   objects jsonb;
   commands int;
   made oid[];
+  rels oid[];
   created oid[];
+  candidates oid[];
   changes jsonb := '[]';
   statements text[] := '{}';
   failure text;
@@ -109,8 +111,9 @@ BEGIN
                   FILTER (WHERE NOT c.in_extension AND c.schema_name IS DISTINCT FROM 'siphon'
                             AND coalesce(c.schema_name, '') NOT LIKE 'pg\_temp%'), '[]'),
          coalesce(array_agg(c.objid) FILTER (WHERE c.classid = 'pg_class'::regclass AND c.object_type = 'table'
-                    AND c.command_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO') AND NOT c.in_extension), '{}')
-    INTO commands, objects, made
+                    AND c.command_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO') AND NOT c.in_extension), '{}'),
+         coalesce(array_agg(o.rel) FILTER (WHERE o.rel IS NOT NULL), '{}')
+    INTO commands, objects, made, rels
     FROM pg_event_trigger_ddl_commands() c
     LEFT JOIN LATERAL (SELECT CASE c.classid
         WHEN 'pg_class'::regclass THEN (
@@ -133,6 +136,15 @@ BEGIN
     created := coalesce(nullif(current_setting('siphon.created', true), ''), '{}')::oid[] || made;
     PERFORM set_config('siphon.created', created::text, true);
     PERFORM set_config('siphon.capturing', 'on', true);
+    -- The tables whose place in a publication the command may change: those
+    -- it touched or the transaction created, and the partitioned tables
+    -- above them; a dropped index may have been a replica identity.
+    SELECT coalesce(array_agg(DISTINCT s.oid), '{}') INTO candidates FROM (
+        SELECT u.oid FROM unnest(rels || created) AS u(oid)
+        UNION SELECT a.relid FROM unnest(rels || created) AS u(oid) CROSS JOIN LATERAL pg_partition_ancestors(u.oid) a) s;
+    IF tag IN ('DROP INDEX', 'ALTER INDEX') THEN
+      candidates := candidates || ARRAY(SELECT x.oid FROM pg_class x WHERE x.relreplident = 'i');
+    END IF;
     BEGIN
       FOR p IN SELECT r.* FROM siphon.capture_publications r JOIN pg_publication pb ON pb.pubname = r.publication LOOP
         FOR t IN
@@ -143,7 +155,7 @@ BEGIN
                  EXISTS (SELECT FROM pg_publication_rel pr JOIN pg_publication pb ON pb.oid = pr.prpubid
                          WHERE pr.prrelid = c.oid AND pb.pubname = p.inserts_publication) AS inserts_only
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-          WHERE ` + isUserTable + `
+          WHERE c.oid = ANY (candidates) AND ` + isUserTable + `
             AND CASE WHEN p.tables IS NULL THEN NOT c.relispartition
                      ELSE p.tables @> jsonb_build_array(jsonb_build_array(n.nspname, c.relname)) END
         LOOP

@@ -83,9 +83,10 @@ type userTable struct {
 // usableIdentity is true for a table c (an ordinary or partitioned table)
 // every leaf of which has a usable replica identity.
 const usableIdentity = `NOT EXISTS (
-         SELECT FROM pg_class l
-         WHERE (l.oid = c.oid AND c.relkind = 'r' OR l.oid IN (SELECT relid FROM pg_partition_tree(c.oid) WHERE isleaf))
-           AND NOT CASE l.relreplident
+         SELECT FROM (SELECT c.oid WHERE c.relkind = 'r'
+                      UNION ALL SELECT t.relid FROM pg_partition_tree(c.oid) t WHERE t.isleaf AND c.relkind = 'p') AS leaves (oid)
+         JOIN pg_class l ON l.oid = leaves.oid
+         WHERE NOT CASE l.relreplident
            WHEN 'f' THEN true
            WHEN 'i' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
            WHEN 'd' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
