@@ -84,7 +84,7 @@ type userTable struct {
 // every leaf of which has a usable replica identity.
 const usableIdentity = `NOT EXISTS (
          SELECT FROM (SELECT c.oid WHERE c.relkind = 'r'
-                      UNION ALL SELECT t.relid FROM pg_partition_tree(c.oid) t WHERE t.isleaf AND c.relkind = 'p') AS leaves (oid)
+                      UNION ALL SELECT tree.relid FROM pg_partition_tree(c.oid) tree WHERE tree.isleaf AND c.relkind = 'p') AS leaves (oid)
          JOIN pg_class l ON l.oid = leaves.oid
          WHERE NOT CASE l.relreplident
            WHEN 'f' THEN true
