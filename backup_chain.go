@@ -188,23 +188,16 @@ func (c *Conn) verifyLinks(ctx context.Context, links []io.ReadSeeker) (*ChainRe
 	return chain, rewind, nil
 }
 
-// brokenLink returns a *ChainError for the first bad link of a chain, or
-// nil when the chain verified and starts with a dump.
+// brokenLink returns a *ChainError for the first bad link of a chain, as
+// VerifyChain found them, or nil when the chain verified and starts with a
+// dump.
 func brokenLink(chain *ChainReport) error {
-	for i, rep := range chain.Links {
-		n := i + 1
-		var problems []string
-		for _, p := range rep.Problems {
-			problems = append(problems, fmt.Sprintf("link %d: %s", n, p))
-		}
-		if i == 0 && rep.Kind != canonical.KindDump {
-			problems = append(problems, fmt.Sprintf("link 1: is a %s: a chain starts with a full backup (a dump)", rep.Kind))
-		}
-		if i > 0 {
-			problems = append(problems, linkProblems(n, chain.Links[i-1], rep)...)
+	for i, problems := range chain.byLink {
+		if i == 0 && chain.Links[0].Kind != canonical.KindDump {
+			problems = append(problems, fmt.Sprintf("link 1: is a %s: a chain starts with a full backup (a dump)", chain.Links[0].Kind))
 		}
 		if len(problems) > 0 {
-			return &ChainError{Link: n, Problems: problems, Report: chain}
+			return &ChainError{Link: i + 1, Problems: problems, Report: chain}
 		}
 	}
 	if !chain.OK {

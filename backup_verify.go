@@ -346,6 +346,9 @@ type ChainReport struct {
 	Links []*VerifyReport
 	// Start and End are where the chain starts and ends.
 	Start, End canonical.Position
+
+	// byLink holds each link's Problems, in order.
+	byLink [][]string
 }
 
 // VerifyChain verifies each link of a chain (a base backup, then the
@@ -376,12 +379,15 @@ func verifyChain(ctx context.Context, links []io.Reader, unchecked bool) (*Chain
 			return nil, fmt.Errorf("siphon: verify chain, link %d: %w", i+1, err)
 		}
 		chain.Links = append(chain.Links, rep)
+		var problems []string
 		for _, p := range rep.Problems {
-			chain.Problems = append(chain.Problems, fmt.Sprintf("link %d: %s", i+1, p))
+			problems = append(problems, fmt.Sprintf("link %d: %s", i+1, p))
 		}
 		if i > 0 {
-			chain.Problems = append(chain.Problems, linkProblems(i+1, chain.Links[i-1], rep)...)
+			problems = append(problems, linkProblems(i+1, chain.Links[i-1], rep)...)
 		}
+		chain.byLink = append(chain.byLink, problems)
+		chain.Problems = append(chain.Problems, problems...)
 	}
 	if len(chain.Links) > 0 {
 		chain.Start, chain.End = chain.Links[0].Start, chain.Links[len(chain.Links)-1].End
