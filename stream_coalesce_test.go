@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +34,9 @@ func tcpPair(t *testing.T) (reader *coalescingConn, writer net.Conn) {
 	return newCoalescingConn(dialed), writer
 }
 
+// TestCoalescingConnBurstThenTrickle: messages that arrive one by one, a
+// few microseconds apart, are read many at a time (the low-water mark is
+// up), and a lone message after them is still read at once.
 func TestCoalescingConnBurstThenTrickle(t *testing.T) {
 	t.Parallel()
 	r, w := tcpPair(t)
@@ -42,17 +47,27 @@ func TestCoalescingConnBurstThenTrickle(t *testing.T) {
 			if _, err := w.Write(msg); err != nil {
 				return
 			}
+			// A walsender sends each row as it decodes it, a few
+			// microseconds apart.
+			for began := time.Now(); time.Since(began) < 20*time.Microsecond; {
+			}
 		}
 	}()
 	got, reads := 0, 0
+	raised := false
 	buf := make([]byte, 8192)
 	for got < msgs*size {
 		n, err := r.Read(buf)
 		require.NoError(t, err)
 		got += n
 		reads++
+		raised = raised || r.lowWater
 	}
 	t.Logf("%d bytes in %d reads", got, reads)
+	if lowWaterSupported {
+		assert.True(t, raised, "the low-water mark went up while the messages came close together")
+		assert.Less(t, reads, msgs/4, "the messages were read several at a time")
+	}
 
 	// A lone small message after the burst is read promptly, although it is
 	// below the low-water mark if that is still up.
@@ -65,6 +80,9 @@ func TestCoalescingConnBurstThenTrickle(t *testing.T) {
 	assert.Less(t, time.Since(began), 500*time.Millisecond)
 }
 
+// TestCoalescingConnDeadlineWakesReader: a read blocked on the socket
+// returns when another goroutine moves the deadline to now, as net.Conn's
+// own reads do, although coalescingConn sets short deadlines of its own.
 func TestCoalescingConnDeadlineWakesReader(t *testing.T) {
 	t.Parallel()
 	r, w := tcpPair(t)
@@ -83,7 +101,7 @@ func TestCoalescingConnDeadlineWakesReader(t *testing.T) {
 		_, err := r.Read(buf)
 		done <- err
 	}()
-	// Another goroutine expires the deadline: the blocked read returns.
+	waitBlockedInRead(t)
 	require.NoError(t, r.SetReadDeadline(time.Now()))
 	select {
 	case err := <-done:
@@ -91,4 +109,20 @@ func TestCoalescingConnDeadlineWakesReader(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the read was not woken by the deadline")
 	}
+}
+
+// waitBlockedInRead waits until a goroutine is blocked on the network
+// inside coalescingConn.Read.
+func waitBlockedInRead(t *testing.T) {
+	t.Helper()
+	stacks := make([]byte, 1<<20)
+	require.Eventually(t, func() bool {
+		n := runtime.Stack(stacks, true)
+		for _, g := range strings.Split(string(stacks[:n]), "\n\n") {
+			if strings.Contains(g, "[IO wait") && strings.Contains(g, "(*coalescingConn).Read") {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, time.Millisecond, "the reader blocks on the socket")
 }
