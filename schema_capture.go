@@ -248,7 +248,11 @@ DO $triggers$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = '` + captureDropTrigger + `') THEN
     CREATE EVENT TRIGGER ` + captureDropTrigger + ` ON sql_drop EXECUTE FUNCTION siphon.capture_event();
   END IF;
-END $triggers$;`
+END $triggers$;
+-- Under session_replication_role = replica too: a restore with triggers
+-- disabled, or siphon's own apply into a database that is itself a source.
+ALTER EVENT TRIGGER ` + captureEndTrigger + ` ENABLE ALWAYS;
+ALTER EVENT TRIGGER ` + captureDropTrigger + ` ENABLE ALWAYS;`
 
 // captureState is what the source has of the capture.
 type captureState struct {

@@ -55,9 +55,9 @@ func captureObjects(t *testing.T, conn *pgx.Conn) []string {
 // installed with the publication, and the stream carries every schema
 // change at its place, as the statement the target runs: one statement of
 // a multi-statement query at a time, the statement a DO block or a
-// function ran, CONCURRENTLY left out; a table created in a transaction
-// joins the publication before its first row; temporary tables are not
-// carried. Application DDL never fails, even with the capture broken by
+// function ran, CONCURRENTLY left out, and under session_replication_role
+// replica too; a table created in a transaction joins the publication
+// before its first row; temporary tables are not carried. Application DDL never fails, even with the capture broken by
 // hand. A second publication shares the capture; Detach of the last one
 // removes everything.
 func TestSchemaCaptureLifecycle(t *testing.T) {
@@ -90,6 +90,7 @@ func TestSchemaCaptureLifecycle(t *testing.T) {
 		 END $$`,
 		`SELECT migrate()`,
 		`SET search_path = pg_catalog; CREATE TABLE public.qualified (id int PRIMARY KEY); RESET search_path`,
+		`SET session_replication_role = replica; CREATE INDEX under_replica_role ON accounts (id); RESET session_replication_role`,
 	)
 	emitMarker(t, admin, "end")
 	changes, _ := streamUntil(t, c, start, "end")
@@ -105,8 +106,9 @@ func TestSchemaCaptureLifecycle(t *testing.T) {
 		 END $$`,
 		"CREATE TABLE made_by_function (id int PRIMARY KEY)",
 		"CREATE TABLE public.qualified (id int PRIMARY KEY)",
+		"CREATE INDEX under_replica_role ON accounts (id)",
 	}, statementsOf(ddl))
-	assert.Equal(t, "pg_catalog", ddl[len(ddl)-1].SearchPath, "the search_path the statement ran under")
+	assert.Equal(t, "pg_catalog", ddl[len(ddl)-2].SearchPath, "the search_path the statement ran under")
 	assert.Equal(t, []canonical.DDLObject{{Type: "table", Identity: "public.later"}, {Type: "index", Identity: "public.later_pkey"}}, ddl[0].Objects)
 	var rows []string
 	for _, ch := range changes {

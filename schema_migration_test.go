@@ -183,7 +183,7 @@ func assertSameSchema(t *testing.T, srcDSN, dstDSN, when string) {
 var dumpNoise = regexp.MustCompile(`(?m)^(--.*|SET .*|SELECT pg_catalog\.set_config.*|\\(un)?restrict .*|\s*)\n`)
 
 // eventTriggers matches the capture's event triggers in a dump.
-var eventTriggers = regexp.MustCompile(`(?s)CREATE EVENT TRIGGER siphon_capture_\w+ ON \w+\s+EXECUTE FUNCTION siphon\.capture_event\(\);\n`)
+var eventTriggers = regexp.MustCompile(`(?s)CREATE EVENT TRIGGER siphon_capture_\w+ ON \w+\s+EXECUTE FUNCTION siphon\.capture_event\(\);\n|ALTER EVENT TRIGGER siphon_capture_\w+ ENABLE ALWAYS;\n`)
 
 // schemaDump runs pg_dump --schema-only on dsn and normalises its output.
 func schemaDump(t *testing.T, dsn string) string {
