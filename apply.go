@@ -16,71 +16,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/siphondb/siphon/canonical"
 )
-
-// ErrApplyInProgress means another session is applying the same source
-// into the same target database right now: one source is applied by one
-// session at a time. Wait for it to finish, or stop it.
-var ErrApplyInProgress = errors.New("siphon: another session is applying this source into the target")
-
-// ErrAmbiguousSource is returned (wrapped) by [Conn.AppliedPosition] when
-// changes from more than one source were applied into the target database:
-// ask for one with [Conn.AppliedPositionFor].
-var ErrAmbiguousSource = errors.New("siphon: more than one source was applied into the target")
-
-// Errors of [Conn.ConsumeCanonical] callers can branch on with errors.Is.
-var (
-	// ErrUnchecked means a canonical stream carries no checksums (it was
-	// written by hand, or by siphon before streams were checked), so
-	// nothing vouches for its bytes: write it with a canonical.Encoder, or
-	// accept such streams with WithUncheckedStreams.
-	ErrUnchecked = errors.New("siphon: the stream carries no checksums (written by hand or by an older siphon): " +
-		"its bytes cannot be verified; write it with canonical.Encoder, or connect WithUncheckedStreams to apply it anyway")
-	// ErrNotCanonical means the stream given to ConsumeCanonical is not a
-	// canonical stream: a pg_dump backup, or not a siphon stream at all.
-	ErrNotCanonical = errors.New("siphon: not a canonical stream")
-)
-
-// ApplyGapError is returned by [Conn.ConsumeCanonical] for a change stream
-// that does not continue what the target holds of its source: it starts
-// after the Position the target has applied (the transactions between the
-// two would be lost: consume the streams that cover them first), or its
-// source is not one the target holds while the target holds others (a
-// stream of another cluster or slot than the base the target was restored
-// or loaded from: its changes would land on another source's data).
-// Nothing of the stream was applied.
-type ApplyGapError struct {
-	Applied canonical.Position // what the target has applied of the stream's source
-	Start   canonical.Position // where the stream starts
-	// Source is the stream's source key ("<system id>_<slot>").
-	Source string
-	// Holds, when the target holds nothing of Source, lists the sources it
-	// holds with their applied Positions; nil otherwise.
-	Holds map[string]canonical.Position
-}
-
-func (e *ApplyGapError) Error() string {
-	if e.Holds != nil {
-		held := make([]string, 0, len(e.Holds))
-		for key, pos := range e.Holds {
-			held = append(held, fmt.Sprintf("%s up to %v", key, pos))
-		}
-		slices.Sort(held)
-		return fmt.Sprintf("siphon: the stream comes from source %s (system id_slot), of which the target holds nothing, "+
-			"but the target holds %s: its changes would land on another source's data; consume it into the target "+
-			"restored or loaded from its own source, or, if the target does hold that source's data, say up to where with MarkAppliedPosition",
-			e.Source, strings.Join(held, ", "))
-	}
-	return fmt.Sprintf("siphon: the target has applied up to %v but the stream starts at %v: "+
-		"the transactions in between are missing; consume the stream that starts at or before %v first",
-		e.Applied, e.Start, e.Applied)
-}
 
 // ApplyChange applies one row change, truncate or schema change to the
 // database c is connected to (the target), in a transaction of its own.

@@ -10,36 +10,6 @@ import (
 	"github.com/siphondb/siphon/canonical"
 )
 
-// SchemaChangeError reports a schema change captured on the source (an
-// [canonical.OpDDL] change) that apply could not make on the target: its
-// statement failed there, or it cannot be replayed as it is
-// ([canonical.DDL].Problem). Nothing of the source transaction that holds
-// it was applied; every transaction before it was.
-type SchemaChangeError struct {
-	// Position is the source transaction's commit LSN (its begin's
-	// Position), which [WithSkippedSchemaChange] takes.
-	Position  canonical.Position
-	Tag       string
-	Statement string
-	// Problem is the change's DDL.Problem; empty when the statement failed.
-	Problem string
-	// Err is the target's error; nil with a Problem.
-	Err error
-}
-
-func (e *SchemaChangeError) Error() string {
-	what := fmt.Sprintf("siphon: the schema change (%s) of the source transaction committed at %v", e.Tag, e.Position)
-	if e.Problem != "" {
-		what += " cannot be replayed: " + e.Problem
-	} else {
-		what += fmt.Sprintf(" failed on the target: %v", e.Err)
-	}
-	return fmt.Sprintf("%s; the statement: %s; make the target's schema what the source's became (by hand), then apply again with WithSkippedSchemaChange(%v)",
-		what, shortStatement(e.Statement), e.Position)
-}
-
-func (e *SchemaChangeError) Unwrap() error { return e.Err }
-
 // shortStatement shortens a statement for an error message.
 func shortStatement(s string) string {
 	const limit = 300

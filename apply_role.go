@@ -110,28 +110,6 @@ func (t Trigger) String() string {
 	return s
 }
 
-// TriggersWouldFireError is returned by apply ([Conn.ConsumeCanonical],
-// [Conn.ApplyChange], [Conn.RestoreChain]) when the target role may not
-// set session_replication_role, so applying as an ordinary session would
-// run target logic that PostgreSQL's own logical replication does not (the
-// target would then differ from the source), or skip an ENABLE REPLICA
-// trigger it runs. Nothing of the tables concerned was applied.
-type TriggersWouldFireError struct {
-	Role     string    // the target role
-	Triggers []Trigger // what would fire (or not), table by table
-}
-
-func (e *TriggersWouldFireError) Error() string {
-	list := make([]string, len(e.Triggers))
-	for i, t := range e.Triggers {
-		list[i] = t.String()
-	}
-	return fmt.Sprintf("siphon: apply refused before writing to these tables: role %q may not set session_replication_role, "+
-		"so applying as an ordinary session would run the target's own logic, and the target would differ from the source: %s; "+
-		"have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s, or connect WithTriggersOnApply to apply with them firing",
-		e.Role, strings.Join(list, "; "), quoteIdent(e.Role))
-}
-
 // firingQuery lists, for the tables named by $1 (schemas) and $2 (names),
 // their enabled triggers and rules with their timing and events, and the
 // foreign keys referencing them whose actions change rows.
@@ -208,33 +186,6 @@ func checkNothingFires(ctx context.Context, q querier, role string, tables []can
 		return &TriggersWouldFireError{Role: role, Triggers: found}
 	}
 	return nil
-}
-
-// ForeignKeyOrderError is returned by [Conn.ConsumeCanonical] for a
-// snapshot that a target role without the session_replication_role
-// privilege cannot load: the target's foreign keys are checked as rows
-// arrive, and Table's rows come before those of References, which a
-// foreign key of the target that cannot be deferred makes Table reference.
-// Nothing was loaded.
-type ForeignKeyOrderError struct {
-	Role       string
-	Table      canonical.TableName
-	References canonical.TableName
-	Constraint string
-	// Cycle, when not empty, is the chain of foreign keys (constraint
-	// names) by which References refers back to Table: no order loads
-	// them.
-	Cycle []string
-}
-
-func (e *ForeignKeyOrderError) Error() string {
-	why := "its rows come first in the snapshot (the source's foreign keys differ from the target's)"
-	if len(e.Cycle) > 0 {
-		why = fmt.Sprintf("and %s references %s back (%s): no order of the rows passes both checks", e.References, e.Table, strings.Join(e.Cycle, ", "))
-	}
-	return fmt.Sprintf("siphon: snapshot refused, nothing was loaded: role %q applies with foreign keys checked, and %s references %s (constraint %s, not deferrable), %s; "+
-		"have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s, or make the constraint DEFERRABLE on the target",
-		e.Role, e.Table, e.References, quoteIdent(e.Constraint), why, quoteIdent(e.Role))
 }
 
 // checkLoadOrder returns a *ForeignKeyOrderError when rows loaded table by

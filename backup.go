@@ -24,10 +24,6 @@ import (
 // records the snapshot's Position, so that the first incremental backup
 // starts exactly there. Restore and Verify read envelopes back.
 
-// ErrSerializableDeferrable is returned by [Conn.Backup] when
-// [BackupOptions].SerializableDeferrable is set: see there.
-var ErrSerializableDeferrable = pgdump.ErrSnapshotSerializable
-
 // BackupOptions says what [Conn.Backup] dumps and how. The zero value
 // dumps the whole database in pg_dump's custom format, compressed with
 // pg_dump's default.

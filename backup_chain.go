@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/siphondb/siphon/canonical"
@@ -14,39 +13,6 @@ import (
 // Chain restore: a base backup restored with Restore, then the incrementals
 // that continue it applied in order with ConsumeCanonical, up to an optional
 // point in time.
-
-// Errors of [Conn.RestoreChain] callers can branch on with errors.Is.
-var (
-	// ErrBrokenChain means the backups given to RestoreChain do not form
-	// one chain; the error is a [*ChainError] naming the first bad link.
-	ErrBrokenChain = errors.New("siphon: broken backup chain")
-	// ErrTargetBeforeBase means RestoreChain was asked for a target
-	// Position before the base backup's, or a target time before the base
-	// backup was taken: no restore can reach it.
-	ErrTargetBeforeBase = errors.New("siphon: the target is before the chain's base backup")
-)
-
-// ChainError is returned by [Conn.RestoreChain] when the chain it was given
-// does not verify ([Conn.VerifyChain]): a link is damaged, or does not
-// continue the previous one (a missing, repeated or reordered incremental,
-// another cluster or timeline). Nothing was restored. It matches
-// [ErrBrokenChain] with errors.Is.
-type ChainError struct {
-	// Link is the first bad link, 1-based: 1 is the base backup, 2 the
-	// first incremental.
-	Link int
-	// Problems are that link's problems, as in [ChainReport].Problems.
-	Problems []string
-	// Report is the whole chain's report.
-	Report *ChainReport
-}
-
-func (e *ChainError) Error() string {
-	return fmt.Sprintf("siphon: restore chain refused, nothing was restored: link %d: %s", e.Link, strings.Join(e.Problems, "; "))
-}
-
-// Unwrap returns [ErrBrokenChain].
-func (e *ChainError) Unwrap() error { return ErrBrokenChain }
 
 // RestoreChainOptions says how [Conn.RestoreChain] restores a chain and how
 // far it goes. The zero value restores the whole chain into the Conn's

@@ -16,16 +16,6 @@ import (
 	"github.com/siphondb/siphon/pgdump"
 )
 
-// Errors of [Conn.Restore] callers can branch on with errors.Is.
-var (
-	// ErrNotDump means the envelope given to Restore holds a snapshot or
-	// an incremental (JSONL), not a pg_dump archive.
-	ErrNotDump = errors.New("siphon: the backup is not a dump")
-	// ErrTargetNotEmpty means the database Restore would restore into
-	// already holds tables, views or sequences.
-	ErrTargetNotEmpty = errors.New("siphon: the target database is not empty")
-)
-
 // RestoreOptions says how [Conn.Restore] restores a backup. The zero value
 // restores everything into the Conn's database, which must be empty, with
 // one job.

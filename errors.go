@@ -1,6 +1,20 @@
 package siphon
 
-import "errors"
+// The package's errors, in one place: the sentinels callers match with
+// errors.Is, the typed errors they match with errors.As, each saying what
+// went wrong and how to fix it, and Retryable. (The change stream's own,
+// StreamInterruptedError and ResumeGapError, are in stream.go.)
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/pgdump"
+)
 
 // Errors of the Conn itself that callers can branch on with errors.Is.
 var (
@@ -33,4 +47,305 @@ func Retryable(err error) bool {
 		return true
 	}
 	return isInterruption(err)
+}
+
+// ErrApplyInProgress means another session is applying the same source
+// into the same target database right now: one source is applied by one
+// session at a time. Wait for it to finish, or stop it.
+var ErrApplyInProgress = errors.New("siphon: another session is applying this source into the target")
+
+// ErrAmbiguousSource is returned (wrapped) by [Conn.AppliedPosition] when
+// changes from more than one source were applied into the target database:
+// ask for one with [Conn.AppliedPositionFor].
+var ErrAmbiguousSource = errors.New("siphon: more than one source was applied into the target")
+
+// Errors of [Conn.ConsumeCanonical] callers can branch on with errors.Is.
+var (
+	// ErrUnchecked means a canonical stream carries no checksums (it was
+	// written by hand, or by siphon before streams were checked), so
+	// nothing vouches for its bytes: write it with a canonical.Encoder, or
+	// accept such streams with WithUncheckedStreams.
+	ErrUnchecked = errors.New("siphon: the stream carries no checksums (written by hand or by an older siphon): " +
+		"its bytes cannot be verified; write it with canonical.Encoder, or connect WithUncheckedStreams to apply it anyway")
+	// ErrNotCanonical means the stream given to ConsumeCanonical is not a
+	// canonical stream: a pg_dump backup, or not a siphon stream at all.
+	ErrNotCanonical = errors.New("siphon: not a canonical stream")
+)
+
+// ApplyGapError is returned by [Conn.ConsumeCanonical] for a change stream
+// that does not continue what the target holds of its source: it starts
+// after the Position the target has applied (the transactions between the
+// two would be lost: consume the streams that cover them first), or its
+// source is not one the target holds while the target holds others (a
+// stream of another cluster or slot than the base the target was restored
+// or loaded from: its changes would land on another source's data).
+// Nothing of the stream was applied.
+type ApplyGapError struct {
+	Applied canonical.Position // what the target has applied of the stream's source
+	Start   canonical.Position // where the stream starts
+	// Source is the stream's source key ("<system id>_<slot>").
+	Source string
+	// Holds, when the target holds nothing of Source, lists the sources it
+	// holds with their applied Positions; nil otherwise.
+	Holds map[string]canonical.Position
+}
+
+func (e *ApplyGapError) Error() string {
+	if e.Holds != nil {
+		held := make([]string, 0, len(e.Holds))
+		for key, pos := range e.Holds {
+			held = append(held, fmt.Sprintf("%s up to %v", key, pos))
+		}
+		slices.Sort(held)
+		return fmt.Sprintf("siphon: the stream comes from source %s (system id_slot), of which the target holds nothing, "+
+			"but the target holds %s: its changes would land on another source's data; consume it into the target "+
+			"restored or loaded from its own source, or, if the target does hold that source's data, say up to where with MarkAppliedPosition",
+			e.Source, strings.Join(held, ", "))
+	}
+	return fmt.Sprintf("siphon: the target has applied up to %v but the stream starts at %v: "+
+		"the transactions in between are missing; consume the stream that starts at or before %v first",
+		e.Applied, e.Start, e.Applied)
+}
+
+// SchemaChangeError reports a schema change captured on the source (an
+// [canonical.OpDDL] change) that apply could not make on the target: its
+// statement failed there, or it cannot be replayed as it is
+// ([canonical.DDL].Problem). Nothing of the source transaction that holds
+// it was applied; every transaction before it was.
+type SchemaChangeError struct {
+	// Position is the source transaction's commit LSN (its begin's
+	// Position), which [WithSkippedSchemaChange] takes.
+	Position  canonical.Position
+	Tag       string
+	Statement string
+	// Problem is the change's DDL.Problem; empty when the statement failed.
+	Problem string
+	// Err is the target's error; nil with a Problem.
+	Err error
+}
+
+func (e *SchemaChangeError) Error() string {
+	what := fmt.Sprintf("siphon: the schema change (%s) of the source transaction committed at %v", e.Tag, e.Position)
+	if e.Problem != "" {
+		what += " cannot be replayed: " + e.Problem
+	} else {
+		what += fmt.Sprintf(" failed on the target: %v", e.Err)
+	}
+	return fmt.Sprintf("%s; the statement: %s; make the target's schema what the source's became (by hand), then apply again with WithSkippedSchemaChange(%v)",
+		what, shortStatement(e.Statement), e.Position)
+}
+
+func (e *SchemaChangeError) Unwrap() error { return e.Err }
+
+// TriggersWouldFireError is returned by apply ([Conn.ConsumeCanonical],
+// [Conn.ApplyChange], [Conn.RestoreChain]) when the target role may not
+// set session_replication_role, so applying as an ordinary session would
+// run target logic that PostgreSQL's own logical replication does not (the
+// target would then differ from the source), or skip an ENABLE REPLICA
+// trigger it runs. Nothing of the tables concerned was applied.
+type TriggersWouldFireError struct {
+	Role     string    // the target role
+	Triggers []Trigger // what would fire (or not), table by table
+}
+
+func (e *TriggersWouldFireError) Error() string {
+	list := make([]string, len(e.Triggers))
+	for i, t := range e.Triggers {
+		list[i] = t.String()
+	}
+	return fmt.Sprintf("siphon: apply refused before writing to these tables: role %q may not set session_replication_role, "+
+		"so applying as an ordinary session would run the target's own logic, and the target would differ from the source: %s; "+
+		"have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s, or connect WithTriggersOnApply to apply with them firing",
+		e.Role, strings.Join(list, "; "), quoteIdent(e.Role))
+}
+
+// ForeignKeyOrderError is returned by [Conn.ConsumeCanonical] for a
+// snapshot that a target role without the session_replication_role
+// privilege cannot load: the target's foreign keys are checked as rows
+// arrive, and Table's rows come before those of References, which a
+// foreign key of the target that cannot be deferred makes Table reference.
+// Nothing was loaded.
+type ForeignKeyOrderError struct {
+	Role       string
+	Table      canonical.TableName
+	References canonical.TableName
+	Constraint string
+	// Cycle, when not empty, is the chain of foreign keys (constraint
+	// names) by which References refers back to Table: no order loads
+	// them.
+	Cycle []string
+}
+
+func (e *ForeignKeyOrderError) Error() string {
+	why := "its rows come first in the snapshot (the source's foreign keys differ from the target's)"
+	if len(e.Cycle) > 0 {
+		why = fmt.Sprintf("and %s references %s back (%s): no order of the rows passes both checks", e.References, e.Table, strings.Join(e.Cycle, ", "))
+	}
+	return fmt.Sprintf("siphon: snapshot refused, nothing was loaded: role %q applies with foreign keys checked, and %s references %s (constraint %s, not deferrable), %s; "+
+		"have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s, or make the constraint DEFERRABLE on the target",
+		e.Role, e.Table, e.References, quoteIdent(e.Constraint), why, quoteIdent(e.Role))
+}
+
+// ErrSerializableDeferrable is returned by [Conn.Backup] when
+// [BackupOptions].SerializableDeferrable is set: see there.
+var ErrSerializableDeferrable = pgdump.ErrSnapshotSerializable
+
+// Errors of [Conn.RestoreChain] callers can branch on with errors.Is.
+var (
+	// ErrBrokenChain means the backups given to RestoreChain do not form
+	// one chain; the error is a [*ChainError] naming the first bad link.
+	ErrBrokenChain = errors.New("siphon: broken backup chain")
+	// ErrTargetBeforeBase means RestoreChain was asked for a target
+	// Position before the base backup's, or a target time before the base
+	// backup was taken: no restore can reach it.
+	ErrTargetBeforeBase = errors.New("siphon: the target is before the chain's base backup")
+)
+
+// ChainError is returned by [Conn.RestoreChain] when the chain it was given
+// does not verify ([Conn.VerifyChain]): a link is damaged, or does not
+// continue the previous one (a missing, repeated or reordered incremental,
+// another cluster or timeline). Nothing was restored. It matches
+// [ErrBrokenChain] with errors.Is.
+type ChainError struct {
+	// Link is the first bad link, 1-based: 1 is the base backup, 2 the
+	// first incremental.
+	Link int
+	// Problems are that link's problems, as in [ChainReport].Problems.
+	Problems []string
+	// Report is the whole chain's report.
+	Report *ChainReport
+}
+
+func (e *ChainError) Error() string {
+	return fmt.Sprintf("siphon: restore chain refused, nothing was restored: link %d: %s", e.Link, strings.Join(e.Problems, "; "))
+}
+
+// Unwrap returns [ErrBrokenChain].
+func (e *ChainError) Unwrap() error { return ErrBrokenChain }
+
+// Errors of [Conn.Restore] callers can branch on with errors.Is.
+var (
+	// ErrNotDump means the envelope given to Restore holds a snapshot or
+	// an incremental (JSONL), not a pg_dump archive.
+	ErrNotDump = errors.New("siphon: the backup is not a dump")
+	// ErrTargetNotEmpty means the database Restore would restore into
+	// already holds tables, views or sequences.
+	ErrTargetNotEmpty = errors.New("siphon: the target database is not empty")
+)
+
+// PreflightError is what Connect and the first operation that needs it
+// return when a check fails that nothing can work without: the database's
+// encoding, wal_level for a source, a table WithTables names. Check says
+// what and how to fix it.
+type PreflightError struct {
+	Check Check
+}
+
+func (e *PreflightError) Error() string {
+	return fmt.Sprintf("siphon: %s: %s: %s", e.Check.Name, e.Check.Found, e.Check.Fix)
+}
+
+// ErrCaptureNeedsSuperuser is matched (errors.Is) by the error of
+// [Conn.InstallSchemaCapture] and [Conn.Detach] for a role that is not a
+// superuser: event triggers are a superuser's.
+var ErrCaptureNeedsSuperuser = errors.New("siphon: schema capture needs a superuser (CREATE EVENT TRIGGER)")
+
+// Errors callers can branch on with errors.Is.
+var (
+	// ErrInvalidDSN means the connection string does not parse.
+	ErrInvalidDSN = errors.New("siphon: invalid DSN")
+	// ErrSlotInUse means a replication slot is active in another session.
+	ErrSlotInUse = errors.New("siphon: replication slot is in use")
+)
+
+// OptionError reports an invalid [Option] given to [Connect].
+type OptionError struct {
+	Option  string // the With... function
+	Problem string // what is wrong
+	Fix     string // how to fix it
+}
+
+func (e *OptionError) Error() string {
+	return fmt.Sprintf("siphon: %s: %s: %s", e.Option, e.Problem, e.Fix)
+}
+
+// SchemaIncompatibleError reports a table that is missing, or whose shape
+// changed or differs from what an operation expects.
+type SchemaIncompatibleError struct {
+	Table   canonical.TableName
+	Column  string // the column concerned, if any
+	Problem string
+}
+
+func (e *SchemaIncompatibleError) Error() string {
+	if e.Column != "" {
+		return fmt.Sprintf("siphon: table %s, column %q: %s", e.Table, e.Column, e.Problem)
+	}
+	return fmt.Sprintf("siphon: table %s: %s", e.Table, e.Problem)
+}
+
+// SlotBlockedError reports that creating a replication slot waited longer
+// than [SlotRetry].MaxBlocked for transactions to end. Siphon returns it
+// wrapped with the operation and slot name; use errors.As.
+type SlotBlockedError struct {
+	Slot     string        // the slot that could not be created
+	Waited   time.Duration // from the first attempt to giving up
+	Attempts int           // attempts made
+	// Blockers are the sessions the latest attempts waited for: transactions
+	// holding a transaction ID, or another siphon session holding the
+	// slot-management lock. Empty when none was caught waiting.
+	Blockers []Blocker
+}
+
+func (e *SlotBlockedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "blocked for %v (%d attempts)", e.Waited.Round(time.Millisecond), e.Attempts)
+	for i, bl := range e.Blockers {
+		b.WriteString(listSep(i, " by "))
+		b.WriteString(bl.String())
+	}
+	b.WriteString(": creating a logical slot waits for every transaction that holds a transaction ID;" +
+		" commit or roll back those transactions (pg_terminate_backend(pid) ends a session," +
+		" COMMIT PREPARED or ROLLBACK PREPARED a prepared one), or allow a longer wait with WithSlotRetry")
+	return b.String()
+}
+
+// PublicationMismatchError reports a publication that exists but does not
+// publish what siphon was configured for, or that tables have drifted away
+// from (created after it, or without a usable replica identity while they
+// are published).
+type PublicationMismatchError struct {
+	Publication string
+	Problem     string // what differs
+	// Missing lists the tables the publication should hold and does not:
+	// tables created after it, whose changes are not captured.
+	Missing []canonical.TableName
+	// Unsafe lists published tables that lost their usable replica
+	// identity: the application's UPDATE and DELETE on them fail.
+	Unsafe []canonical.TableName
+	// Fix says what to do.
+	Fix string
+}
+
+func (e *PublicationMismatchError) Error() string {
+	fix := e.Fix
+	if fix == "" {
+		fix = "siphon does not change an existing publication; adjust it with ALTER PUBLICATION, drop it, or name another with WithPublication"
+	}
+	return fmt.Sprintf("siphon: publication %q %s: %s", e.Publication, e.Problem, fix)
+}
+
+// ReplicaIdentityError reports tables named by [WithTables] that have no
+// usable replica identity, which siphon will not publish without being
+// told how (see [WithKeylessTables]): the application's UPDATE and DELETE
+// on them would fail.
+type ReplicaIdentityError struct {
+	Tables []canonical.TableName
+}
+
+func (e *ReplicaIdentityError) Error() string {
+	return fmt.Sprintf("siphon: %s %s no usable replica identity (no primary key, no REPLICA IDENTITY FULL or USING INDEX): "+
+		"publishing their updates would make the application's UPDATE and DELETE on them fail; give them a primary key, "+
+		"or choose with WithKeylessTables: KeylessFull (siphon sets REPLICA IDENTITY FULL), KeylessInsertsOnly, or KeylessSkip",
+		tableList(e.Tables), pluralHas(len(e.Tables)))
 }

@@ -70,18 +70,6 @@ func (c Check) String() string {
 	return s
 }
 
-// PreflightError is what Connect and the first operation that needs it
-// return when a check fails that nothing can work without: the database's
-// encoding, wal_level for a source, a table WithTables names. Check says
-// what and how to fix it.
-type PreflightError struct {
-	Check Check
-}
-
-func (e *PreflightError) Error() string {
-	return fmt.Sprintf("siphon: %s: %s: %s", e.Check.Name, e.Check.Found, e.Check.Fix)
-}
-
 // PreflightReport says what siphon can and cannot do on a server, check by
 // check, each failed or risky one with its fix.
 type PreflightReport struct {

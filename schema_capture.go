@@ -3,7 +3,6 @@ package siphon
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -50,11 +49,6 @@ const (
 	captureEndTrigger   = "siphon_capture_ddl"
 	captureDropTrigger  = "siphon_capture_drop"
 )
-
-// ErrCaptureNeedsSuperuser is matched (errors.Is) by the error of
-// [Conn.InstallSchemaCapture] and [Conn.Detach] for a role that is not a
-// superuser: event triggers are a superuser's.
-var ErrCaptureNeedsSuperuser = errors.New("siphon: schema capture needs a superuser (CREATE EVENT TRIGGER)")
 
 // captureSQL creates or replaces the capture's objects. The describing
 // function runs with a fixed search_path and is not executable by others;

@@ -160,7 +160,6 @@ package siphon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -315,25 +314,6 @@ type closedRow struct{}
 
 func (closedRow) Scan(...any) error { return ErrClosed }
 
-// Errors callers can branch on with errors.Is.
-var (
-	// ErrInvalidDSN means the connection string does not parse.
-	ErrInvalidDSN = errors.New("siphon: invalid DSN")
-	// ErrSlotInUse means a replication slot is active in another session.
-	ErrSlotInUse = errors.New("siphon: replication slot is in use")
-)
-
-// OptionError reports an invalid [Option] given to [Connect].
-type OptionError struct {
-	Option  string // the With... function
-	Problem string // what is wrong
-	Fix     string // how to fix it
-}
-
-func (e *OptionError) Error() string {
-	return fmt.Sprintf("siphon: %s: %s: %s", e.Option, e.Problem, e.Fix)
-}
-
 // inspectQuery lists user tables (ordinary and partitioned) with their
 // columns, keys and replica identity. Generated columns are left out: they
 // are neither published nor insertable, the target computes them.
@@ -476,21 +456,6 @@ func nameArrays(tables []canonical.TableName) (schemas, names []string) {
 		schemas[i], names[i] = t.Schema, t.Name
 	}
 	return schemas, names
-}
-
-// SchemaIncompatibleError reports a table that is missing, or whose shape
-// changed or differs from what an operation expects.
-type SchemaIncompatibleError struct {
-	Table   canonical.TableName
-	Column  string // the column concerned, if any
-	Problem string
-}
-
-func (e *SchemaIncompatibleError) Error() string {
-	if e.Column != "" {
-		return fmt.Sprintf("siphon: table %s, column %q: %s", e.Table, e.Column, e.Problem)
-	}
-	return fmt.Sprintf("siphon: table %s: %s", e.Table, e.Problem)
 }
 
 // newSession opens a dedicated session (outside the pool) with siphon's

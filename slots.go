@@ -10,7 +10,6 @@ import (
 	mathrand "math/rand/v2"
 	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -74,32 +73,6 @@ const (
 	codeObjectInUse         = "55006"
 	codeDependentObjects    = "2BP01"
 )
-
-// SlotBlockedError reports that creating a replication slot waited longer
-// than [SlotRetry].MaxBlocked for transactions to end. Siphon returns it
-// wrapped with the operation and slot name; use errors.As.
-type SlotBlockedError struct {
-	Slot     string        // the slot that could not be created
-	Waited   time.Duration // from the first attempt to giving up
-	Attempts int           // attempts made
-	// Blockers are the sessions the latest attempts waited for: transactions
-	// holding a transaction ID, or another siphon session holding the
-	// slot-management lock. Empty when none was caught waiting.
-	Blockers []Blocker
-}
-
-func (e *SlotBlockedError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "blocked for %v (%d attempts)", e.Waited.Round(time.Millisecond), e.Attempts)
-	for i, bl := range e.Blockers {
-		b.WriteString(listSep(i, " by "))
-		b.WriteString(bl.String())
-	}
-	b.WriteString(": creating a logical slot waits for every transaction that holds a transaction ID;" +
-		" commit or roll back those transactions (pg_terminate_backend(pid) ends a session," +
-		" COMMIT PREPARED or ROLLBACK PREPARED a prepared one), or allow a longer wait with WithSlotRetry")
-	return b.String()
-}
 
 // Blocker is a session that held up slot creation, as pg_stat_activity
 // showed it.

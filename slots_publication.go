@@ -25,46 +25,6 @@ import (
 // insertsSuffix names the publication of KeylessInsertsOnly tables.
 const insertsSuffix = "_inserts"
 
-// PublicationMismatchError reports a publication that exists but does not
-// publish what siphon was configured for, or that tables have drifted away
-// from (created after it, or without a usable replica identity while they
-// are published).
-type PublicationMismatchError struct {
-	Publication string
-	Problem     string // what differs
-	// Missing lists the tables the publication should hold and does not:
-	// tables created after it, whose changes are not captured.
-	Missing []canonical.TableName
-	// Unsafe lists published tables that lost their usable replica
-	// identity: the application's UPDATE and DELETE on them fail.
-	Unsafe []canonical.TableName
-	// Fix says what to do.
-	Fix string
-}
-
-func (e *PublicationMismatchError) Error() string {
-	fix := e.Fix
-	if fix == "" {
-		fix = "siphon does not change an existing publication; adjust it with ALTER PUBLICATION, drop it, or name another with WithPublication"
-	}
-	return fmt.Sprintf("siphon: publication %q %s: %s", e.Publication, e.Problem, fix)
-}
-
-// ReplicaIdentityError reports tables named by [WithTables] that have no
-// usable replica identity, which siphon will not publish without being
-// told how (see [WithKeylessTables]): the application's UPDATE and DELETE
-// on them would fail.
-type ReplicaIdentityError struct {
-	Tables []canonical.TableName
-}
-
-func (e *ReplicaIdentityError) Error() string {
-	return fmt.Sprintf("siphon: %s %s no usable replica identity (no primary key, no REPLICA IDENTITY FULL or USING INDEX): "+
-		"publishing their updates would make the application's UPDATE and DELETE on them fail; give them a primary key, "+
-		"or choose with WithKeylessTables: KeylessFull (siphon sets REPLICA IDENTITY FULL), KeylessInsertsOnly, or KeylessSkip",
-		tableList(e.Tables), pluralHas(len(e.Tables)))
-}
-
 func pluralHas(n int) string {
 	if n == 1 {
 		return "has"
