@@ -501,6 +501,17 @@ func (s *applySession) rollback(ctx context.Context) error {
 	return err
 }
 
+// flushCommit sends the queued statements, which end with a COMMIT, and
+// reads their results even when ctx is cancelled meanwhile (within
+// cleanupTimeout): once the COMMIT may have reached the server, the
+// session must know whether it committed, or the Position it reports
+// would be behind what the target holds.
+func (s *applySession) flushCommit(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	return s.flush(ctx)
+}
+
 // flush sends the queued statements, once the COPY running in the
 // background is done.
 func (s *applySession) flush(ctx context.Context) error {

@@ -49,7 +49,7 @@ func (s *applySession) loadSnapshotRows(ctx context.Context, src *recordSource, 
 			s.sequences = append(s.sequences, *rec.Sequence)
 		case canonical.RecordEnd:
 			s.finishTransaction(rec.Position, h.Created)
-			if err := s.flush(ctx); err != nil {
+			if err := s.flushCommit(ctx); err != nil {
 				return err
 			}
 			s.progress = rec.Position

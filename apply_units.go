@@ -208,7 +208,7 @@ func (cc *changeConsumer) commitUnit(ctx context.Context) error {
 	}
 	last := cc.unit.ends[len(cc.unit.ends)-1]
 	s.finishTransaction(last.pos, last.at)
-	if err := s.flush(ctx); err != nil {
+	if err := s.flushCommit(ctx); err != nil {
 		return err
 	}
 	s.progress = last.pos
