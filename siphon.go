@@ -137,7 +137,8 @@
 //
 // PostgreSQL 15 or later with wal_level=logical, free replication slots and
 // WAL senders, a UTF8 database, and a role with the REPLICATION attribute
-// that may create publications (or owns the tables); pg_dump and pg_restore
+// that may create publications (or owns the tables); a superuser, once, to
+// install the schema capture (see "Schema changes"); pg_dump and pg_restore
 // of the server's release or newer for backups. Replication origins (used by
 // apply to record progress atomically) need a superuser or EXECUTE on the
 // pg_replication_origin functions; other roles fall back to a bookkeeping
