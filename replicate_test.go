@@ -201,17 +201,25 @@ func TestKillReplicateAtRandomPoints(t *testing.T) {
 	var advanced int
 	var last canonical.Position
 	origin := fmt.Sprintf("siphon_%s_%s_%s", dbOID(t, tgtConn), systemID, slot)
-	for range rounds {
+	for round := range rounds {
 		cmd := childCmd("replicate", env...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		require.NoError(t, cmd.Start())
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
+		// Every other kill lands at a random moment after the child's
+		// first commit on the target: on a slow machine (the race
+		// detector, a loaded CI) a child may take longer to start than a
+		// random delay from its start.
+		killAt := time.After(100*time.Millisecond + rand.N(400*time.Millisecond))
+		if round%2 == 1 {
+			killAt = afterTargetMovesOn(t, tgtConn, origin, last, exited)
+		}
 		select {
 		case err := <-exited:
 			t.Fatalf("the replicate child exited before it was killed: %v\nstderr: %s", err, stderr.String())
-		case <-time.After(100*time.Millisecond + rand.N(400*time.Millisecond)):
+		case <-killAt:
 		}
 		require.NoError(t, cmd.Process.Kill())
 		<-exited
@@ -241,6 +249,24 @@ func TestKillReplicateAtRandomPoints(t *testing.T) {
 	require.NoError(t, src.DropSlot(ctx, slot))
 	require.NoError(t, src.Close())
 	assertNoLeaks(t, srcDSN)
+}
+
+// afterTargetMovesOn returns a channel that fires a random moment (up to
+// 100ms) after the target's progress for origin has passed last. A child
+// that exits meanwhile is handed back on exited for its caller to report.
+func afterTargetMovesOn(t *testing.T, tgtConn *pgx.Conn, origin string, last canonical.Position, exited chan error) <-chan time.Time {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for originProgress(t, tgtConn, origin) <= last {
+		require.True(t, time.Now().Before(deadline), "the replicate child applied nothing in a minute")
+		select {
+		case err := <-exited:
+			exited <- err
+			return nil
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return time.After(rand.N(100 * time.Millisecond))
 }
 
 // TestReplicateRefusals checks what Replicate refuses before it applies
