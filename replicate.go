@@ -327,8 +327,16 @@ func newCapturePipe(source *canonical.Schema, from canonical.Position) *captureP
 }
 
 // put hands a change on, after a table record when its columns are new.
+// A message outside a transaction is not: apply ignores messages, and one
+// that followed the last commit would leave records buffered, so that the
+// apply side would keep that commit's unit open until the next
+// transaction arrived.
 func (p *capturePipe) put(ctx context.Context, ch canonical.Change) error {
 	switch ch.Op {
+	case canonical.OpMessage:
+		if !p.inTx {
+			return nil
+		}
 	case canonical.OpBegin:
 		p.inTx = true
 	case canonical.OpCommit:
