@@ -225,28 +225,44 @@ func (s *benchSource) serverDecode(b *testing.B, slot string) streamRun {
 // since it started. ok is false when the backend was never seen, as with a
 // server on another machine.
 func (s *benchSource) watchBackend(slot string) func() (sched schedStat, ok bool) {
+	return watchBackends(s.dsn, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", slot)
+}
+
+// watchBackends samples, every 5 ms, the scheduler statistics of the
+// backends whose pids query returns (run on the database dsn names, every
+// 20 ms) until the returned function is called, which returns the sum of
+// each one's last sample: their times since each started. ok is false
+// when none was seen.
+func watchBackends(dsn, query string, args ...any) func() (sched schedStat, ok bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	var last schedStat
-	var seen bool
+	last := map[int]schedStat{}
 	go func() {
 		defer close(done)
-		conn, err := pgx.Connect(ctx, s.dsn)
+		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			return
 		}
 		defer conn.Close(context.Background())
-		pid := 0
+		var asked time.Time
 		for {
-			if pid == 0 {
-				var p *int32
-				if conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&p) == nil && p != nil {
-					pid = int(*p)
+			if time.Since(asked) > 20*time.Millisecond {
+				asked = time.Now()
+				if rows, err := conn.Query(ctx, query, args...); err == nil {
+					for rows.Next() {
+						var pid int32
+						if rows.Scan(&pid) == nil {
+							if _, known := last[int(pid)]; !known {
+								last[int(pid)] = schedStat{}
+							}
+						}
+					}
+					rows.Close()
 				}
 			}
-			if pid != 0 {
+			for pid := range last {
 				if st, ok := procSched(pid); ok {
-					last, seen = st, true
+					last[pid] = st
 				}
 			}
 			select {
@@ -259,7 +275,11 @@ func (s *benchSource) watchBackend(slot string) func() (sched schedStat, ok bool
 	return func() (schedStat, bool) {
 		cancel()
 		<-done
-		return last, seen
+		var sum schedStat
+		for _, st := range last {
+			sum = sum.plus(st)
+		}
+		return sum, len(last) > 0
 	}
 }
 
