@@ -391,6 +391,34 @@ func (r *copyReader) nextRow() (canonical.Row, bool) {
 	return row, true
 }
 
+// copyEscape[c] is the letter COPY's text format escapes byte c with
+// (after a backslash), or 0 when c stands for itself.
+var copyEscape = [256]byte{'\\': '\\', '\n': 'n', '\r': 'r', '\t': 't'}
+
+// plainPrefix returns how many bytes at the start of s need no escape in
+// COPY's text format, at least: it tests 8 bytes at a time (SWAR), and
+// stops at the first word that holds a backslash or a byte below 0x0e
+// (newline, carriage return and tab among them), or where fewer than 8
+// bytes are left.
+func plainPrefix(s string) int {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+		backslash := w ^ (ones * '\\')
+		// A byte's high bit is set in x-ones*n &^ x when the byte is below
+		// n (n at most 0x80), for at least one such byte of the word.
+		if ((w-ones*0x0e)&^w|(backslash-ones)&^backslash)&highs != 0 {
+			return i
+		}
+	}
+	return i
+}
+
 // appendCopyRow appends row as a line of COPY's text format: tab-separated,
 // NULL as \N, backslash, newline, carriage return and tab escaped.
 func appendCopyRow(buf []byte, row canonical.Row) ([]byte, error) {
@@ -407,18 +435,9 @@ func appendCopyRow(buf []byte, row canonical.Row) ([]byte, error) {
 			continue
 		}
 		start := 0
-		for j := 0; j < len(s); j++ {
-			var esc byte
-			switch s[j] {
-			case '\\':
-				esc = '\\'
-			case '\n':
-				esc = 'n'
-			case '\r':
-				esc = 'r'
-			case '\t':
-				esc = 't'
-			default:
+		for j := plainPrefix(s); j < len(s); j++ {
+			esc := copyEscape[s[j]]
+			if esc == 0 {
 				continue
 			}
 			buf = append(append(buf, s[start:j]...), '\\', esc)
