@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -136,7 +137,14 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 	}
 	// The rows are in memory: the COPY runs while the stream is read on.
 	rd := &copyReader{table: table, first: rows}
-	return cc.s.copyInBackground(ctx, rd, b.copySQL(), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source))
+	if err := cc.s.copyInBackground(ctx, rd, b.copySQL(), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source)); err != nil {
+		return err
+	}
+	// Let the COPY's goroutine send the COPY now: otherwise it waits,
+	// runnable, while this one decodes the next batch (a core to run it on
+	// is seldom free on a small machine), and the server idles meanwhile.
+	runtime.Gosched()
+	return nil
 }
 
 // keysExist tells whether rows cannot be copied into b's table: a key is in
