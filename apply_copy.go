@@ -157,11 +157,15 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 // as an append-only table's are, need no probe at all.
 func (cc *changeConsumer) keysExist(ctx context.Context, b *binding, rows []canonical.Row) (bool, error) {
 	check := b.keyCheck()
-	if check == nil || b.duplicateKeys(rows) {
+	if check == nil {
+		return true, nil
+	}
+	lo, hi, increasing, intKey := b.intKeyRange(rows)
+	if !increasing && b.duplicateKeys(rows) {
 		return true, nil
 	}
 	q := &cc.s.q
-	if lo, hi, ok := b.intKeyRange(rows); ok {
+	if intKey {
 		t := b.target
 		if t.ceilingKnown && lo > t.ceiling {
 			t.ceiling = hi
@@ -213,22 +217,35 @@ func (cc *changeConsumer) queryBool(ctx context.Context, st *statement, label st
 	return result, err
 }
 
-// intKeyRange returns the smallest and largest key of rows when the key is
-// one column of type smallint, integer or bigint.
-func (b *binding) intKeyRange(rows []canonical.Row) (lo, hi int64, ok bool) {
+// intKey reports whether the key is one column of type smallint, integer
+// or bigint.
+func (b *binding) intKey() bool {
 	if len(b.key) != 1 {
-		return 0, 0, false
+		return false
 	}
 	switch b.cols[b.key[0]].typeOID {
 	case 20, 21, 23:
-	default:
-		return 0, 0, false
+		return true
 	}
+	return false
+}
+
+// intKeyRange returns the smallest and largest key of rows when the key is
+// one column of type smallint, integer or bigint, and whether the keys are
+// strictly increasing, as appended rows' are (then no two are the same).
+func (b *binding) intKeyRange(rows []canonical.Row) (lo, hi int64, increasing, ok bool) {
+	if !b.intKey() {
+		return 0, 0, false, false
+	}
+	increasing = true
 	for i, row := range rows {
 		text, _ := row[b.key[0]].Text()
 		v, err := strconv.ParseInt(text, 10, 64)
 		if err != nil {
-			return 0, 0, false
+			return 0, 0, false, false
+		}
+		if i > 0 && v <= hi {
+			increasing = false
 		}
 		if i == 0 || v < lo {
 			lo = v
@@ -237,13 +254,16 @@ func (b *binding) intKeyRange(rows []canonical.Row) (lo, hi int64, ok bool) {
 			hi = v
 		}
 	}
-	return lo, hi, len(rows) > 0
+	return lo, hi, increasing, len(rows) > 0
 }
 
 // duplicateKeys reports whether two of rows have the same key (never for
 // a keyless table).
 func (b *binding) duplicateKeys(rows []canonical.Row) bool {
 	if b.key == nil {
+		return false
+	}
+	if _, _, increasing, ok := b.intKeyRange(rows); ok && increasing {
 		return false
 	}
 	seen := make(map[string]struct{}, len(rows))
