@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -138,7 +139,14 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 	}
 	// The rows are in memory: the COPY runs while the stream is read on.
 	rd := &copyReader{table: table, first: rows}
-	return cc.s.copyInBackground(ctx, rd, b.copySQL(), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source))
+	if err := cc.s.copyInBackground(ctx, rd, b.copySQL(), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source)); err != nil {
+		return err
+	}
+	// Let the COPY's goroutine send the COPY now: otherwise it waits,
+	// runnable, while this one decodes the next batch (a core to run it on
+	// is seldom free on a small machine), and the server idles meanwhile.
+	runtime.Gosched()
+	return nil
 }
 
 // keysExist tells whether rows cannot be copied into b's table: a key is in
@@ -151,11 +159,15 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 // as an append-only table's are, need no probe at all.
 func (cc *changeConsumer) keysExist(ctx context.Context, b *binding, rows []canonical.Row) (bool, error) {
 	check := b.keyCheck()
-	if check == nil || b.duplicateKeys(rows) {
+	if check == nil {
+		return true, nil
+	}
+	lo, hi, increasing, intKey := b.intKeyRange(rows)
+	if !increasing && b.duplicateKeys(rows) {
 		return true, nil
 	}
 	q := &cc.s.q
-	if lo, hi, ok := b.intKeyRange(rows); ok {
+	if intKey {
 		t := b.target
 		if t.ceilingKnown && lo > t.ceiling {
 			t.ceiling = hi
@@ -207,22 +219,35 @@ func (cc *changeConsumer) queryBool(ctx context.Context, st *statement, label st
 	return result, err
 }
 
-// intKeyRange returns the smallest and largest key of rows when the key is
-// one column of type smallint, integer or bigint.
-func (b *binding) intKeyRange(rows []canonical.Row) (lo, hi int64, ok bool) {
+// intKey reports whether the key is one column of type smallint, integer
+// or bigint.
+func (b *binding) intKey() bool {
 	if len(b.key) != 1 {
-		return 0, 0, false
+		return false
 	}
 	switch b.cols[b.key[0]].typeOID {
 	case 20, 21, 23:
-	default:
-		return 0, 0, false
+		return true
 	}
+	return false
+}
+
+// intKeyRange returns the smallest and largest key of rows when the key is
+// one column of type smallint, integer or bigint, and whether the keys are
+// strictly increasing, as appended rows' are (then no two are the same).
+func (b *binding) intKeyRange(rows []canonical.Row) (lo, hi int64, increasing, ok bool) {
+	if !b.intKey() {
+		return 0, 0, false, false
+	}
+	increasing = true
 	for i, row := range rows {
 		text, _ := row[b.key[0]].Text()
 		v, err := strconv.ParseInt(text, 10, 64)
 		if err != nil {
-			return 0, 0, false
+			return 0, 0, false, false
+		}
+		if i > 0 && v <= hi {
+			increasing = false
 		}
 		if i == 0 || v < lo {
 			lo = v
@@ -231,13 +256,16 @@ func (b *binding) intKeyRange(rows []canonical.Row) (lo, hi int64, ok bool) {
 			hi = v
 		}
 	}
-	return lo, hi, len(rows) > 0
+	return lo, hi, increasing, len(rows) > 0
 }
 
 // duplicateKeys reports whether two of rows have the same key (never for
 // a keyless table).
 func (b *binding) duplicateKeys(rows []canonical.Row) bool {
 	if b.key == nil {
+		return false
+	}
+	if _, _, increasing, ok := b.intKeyRange(rows); ok && increasing {
 		return false
 	}
 	seen := make(map[string]struct{}, len(rows))
@@ -393,6 +421,34 @@ func (r *copyReader) nextRow() (canonical.Row, bool) {
 	return row, true
 }
 
+// copyEscape[c] is the letter COPY's text format escapes byte c with
+// (after a backslash), or 0 when c stands for itself.
+var copyEscape = [256]byte{'\\': '\\', '\n': 'n', '\r': 'r', '\t': 't'}
+
+// plainPrefix returns how many bytes at the start of s need no escape in
+// COPY's text format, at least: it tests 8 bytes at a time (SWAR), and
+// stops at the first word that holds a backslash or a byte below 0x0e
+// (newline, carriage return and tab among them), or where fewer than 8
+// bytes are left.
+func plainPrefix(s string) int {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+		backslash := w ^ (ones * '\\')
+		// A byte's high bit is set in x-ones*n &^ x when the byte is below
+		// n (n at most 0x80), for at least one such byte of the word.
+		if ((w-ones*0x0e)&^w|(backslash-ones)&^backslash)&highs != 0 {
+			return i
+		}
+	}
+	return i
+}
+
 // appendCopyRow appends row as a line of COPY's text format: tab-separated,
 // NULL as \N, backslash, newline, carriage return and tab escaped.
 func appendCopyRow(buf []byte, row canonical.Row) ([]byte, error) {
@@ -409,18 +465,9 @@ func appendCopyRow(buf []byte, row canonical.Row) ([]byte, error) {
 			continue
 		}
 		start := 0
-		for j := 0; j < len(s); j++ {
-			var esc byte
-			switch s[j] {
-			case '\\':
-				esc = '\\'
-			case '\n':
-				esc = 'n'
-			case '\r':
-				esc = 'r'
-			case '\t':
-				esc = 't'
-			default:
+		for j := plainPrefix(s); j < len(s); j++ {
+			esc := copyEscape[s[j]]
+			if esc == 0 {
 				continue
 			}
 			buf = append(append(buf, s[start:j]...), '\\', esc)

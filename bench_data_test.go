@@ -91,6 +91,15 @@ func standardWorkload(tb testing.TB) benchWorkload {
 	return benchWorkload{inserts: n, updates: n / 4, deletes: n / 10, perTx: envInt(tb, "SIPHON_BENCH_TX_ROWS", 100)}
 }
 
+// bulkWorkload is the standard stream set in its bulk shape: one
+// transaction of benchRows inserts, one of a quarter as many updates, one
+// of a tenth as many deletes.
+func bulkWorkload(tb testing.TB) benchWorkload {
+	w := standardWorkload(tb)
+	w.perTx = w.inserts
+	return w
+}
+
 // hugeTransaction is SIPHON_BENCH_HUGE_ROWS inserts in one transaction.
 func hugeTransaction(tb testing.TB) benchWorkload {
 	n := envInt(tb, "SIPHON_BENCH_HUGE_ROWS", 200_000)

@@ -355,11 +355,28 @@ var (
 
 // capturePipe carries captured changes to the apply session as records,
 // with table records where a table's columns change, through a bounded
-// channel: a slow target holds the capture back.
+// queue: a slow target holds the capture back. The queue is handed over
+// whole: the capture appends to it under a lock, and the apply side takes
+// every record queued at once, then reads them without the lock. Each side
+// wakes the other only when that one waits: the apply side once a commit,
+// or pipeWakeRecords records, are queued (it could not apply less); the
+// capture once the apply side took the queue. A busy pipe so costs a wake-up
+// per transaction or per queue, not one per record.
 type capturePipe struct {
-	records chan canonical.Record
-	gone    chan struct{} // closed when the reader stopped
-	once    sync.Once
+	mu          sync.Mutex
+	queue       []canonical.Record
+	readerWaits bool          // the apply side waits for readerWake
+	writerWaits bool          // the capture waits for writerWake
+	readerWake  chan struct{} // capacity 1, as writerWake
+	writerWake  chan struct{}
+	closed      bool          // the capture ended: err, end and cut are set
+	gone        chan struct{} // closed when the reader stopped
+	once        sync.Once
+
+	// Apply side: the records taken from the queue, and how many of them
+	// were read.
+	batch []canonical.Record
+	read  int
 
 	// Capture side.
 	tables map[canonical.TableName]*canonical.Table
@@ -367,24 +384,39 @@ type capturePipe struct {
 	inTx   bool
 	last   canonical.Position // the last commit's end
 
-	// End of the capture, set before records is closed.
+	// End of the capture, set before closed.
 	err error
 	end canonical.Position
 	cut bool
 }
 
-// pipeDepth bounds the records in flight between capture and apply.
-const pipeDepth = 4096
+// Bounds of the pipe: the queue holds at most pipeDepth/2 records, and the
+// apply side as many, so at most pipeDepth are in flight between capture
+// and apply; a waiting apply side is woken at a commit, or once
+// pipeWakeRecords records of a transaction are queued.
+const (
+	pipeDepth       = 4096
+	pipeWakeRecords = 256
+)
 
 // newCapturePipe returns a pipe for a capture that starts at from.
 func newCapturePipe(source *canonical.Schema, from canonical.Position) *capturePipe {
-	return &capturePipe{records: make(chan canonical.Record, pipeDepth), gone: make(chan struct{}),
+	return &capturePipe{queue: make([]canonical.Record, 0, pipeDepth/2), batch: make([]canonical.Record, 0, pipeDepth/2),
+		readerWake: make(chan struct{}, 1), writerWake: make(chan struct{}, 1), gone: make(chan struct{}),
 		tables: map[canonical.TableName]*canonical.Table{}, source: source, last: from}
 }
 
 // put hands a change on, after a table record when its columns are new.
+// A message outside a transaction is not: apply ignores messages, and one
+// that followed the last commit would leave records buffered, so that the
+// apply side would keep that commit's unit open until the next
+// transaction arrived.
 func (p *capturePipe) put(ctx context.Context, ch canonical.Change) error {
 	switch ch.Op {
+	case canonical.OpMessage:
+		if !p.inTx {
+			return nil
+		}
 	case canonical.OpBegin:
 		p.inTx = true
 	case canonical.OpCommit:
@@ -436,20 +468,49 @@ func sameColumns(a, b []canonical.Column) bool {
 }
 
 func (p *capturePipe) send(ctx context.Context, rec canonical.Record) error {
+	p.mu.Lock()
+	for len(p.queue) >= pipeDepth/2 {
+		p.writerWaits = true
+		p.mu.Unlock()
+		select {
+		case <-p.writerWake:
+		case <-p.gone:
+			return errApplyStopped
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		p.mu.Lock()
+	}
+	p.queue = append(p.queue, rec)
+	wake := p.readerWaits && (!p.inTx || len(p.queue) >= pipeWakeRecords)
+	if wake {
+		p.readerWaits = false
+	}
+	p.mu.Unlock()
+	if wake {
+		signal(p.readerWake)
+	}
+	return nil
+}
+
+// signal wakes the side waiting on c (a channel of capacity 1).
+func signal(c chan struct{}) {
 	select {
-	case p.records <- rec:
-		return nil
-	case <-p.gone:
-		return errApplyStopped
-	case <-ctx.Done():
-		return context.Cause(ctx)
+	case c <- struct{}{}:
+	default:
 	}
 }
 
 // close ends the capture: err is why it stopped (nil for a clean stop).
 func (p *capturePipe) close(err error) {
-	p.err, p.end, p.cut = err, p.last, p.inTx
-	close(p.records)
+	p.mu.Lock()
+	p.err, p.end, p.cut, p.closed = err, p.last, p.inTx, true
+	wake := p.readerWaits
+	p.readerWaits = false
+	p.mu.Unlock()
+	if wake {
+		signal(p.readerWake)
+	}
 }
 
 // abandon tells the capture that nothing reads any more.
@@ -460,15 +521,49 @@ func (p *capturePipe) abandon() { p.once.Do(func() { close(p.gone) }) }
 // error or inside a transaction, so that the apply side keeps only
 // complete transactions.
 func (p *capturePipe) Next() (canonical.Record, error) {
-	rec, ok := <-p.records
-	switch {
-	case ok:
-		return rec, nil
-	case p.cut || p.err != nil:
-		return canonical.Record{}, errCaptureStopped
+	if p.read == len(p.batch) && !p.take() {
+		if p.cut || p.err != nil {
+			return canonical.Record{}, errCaptureStopped
+		}
+		return canonical.Record{Type: canonical.RecordEnd, Position: p.end}, nil
 	}
-	return canonical.Record{Type: canonical.RecordEnd, Position: p.end}, nil
+	rec := p.batch[p.read]
+	p.batch[p.read] = canonical.Record{} // the apply side keeps what it needs
+	p.read++
+	return rec, nil
+}
+
+// take waits until records are queued and takes them all, handing the
+// emptied batch back to the capture as its queue; it reports false when
+// the capture ended with nothing queued.
+func (p *capturePipe) take() bool {
+	p.mu.Lock()
+	for len(p.queue) == 0 && !p.closed {
+		p.readerWaits = true
+		p.mu.Unlock()
+		<-p.readerWake
+		p.mu.Lock()
+	}
+	if len(p.queue) == 0 {
+		p.mu.Unlock()
+		return false
+	}
+	p.batch, p.queue, p.read = p.queue, p.batch[:0], 0
+	wake := p.writerWaits
+	p.writerWaits = false
+	p.mu.Unlock()
+	if wake {
+		signal(p.writerWake)
+	}
+	return true
 }
 
 // Buffered reports whether captured records wait.
-func (p *capturePipe) Buffered() bool { return len(p.records) > 0 }
+func (p *capturePipe) Buffered() bool {
+	if p.read < len(p.batch) {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue) > 0
+}

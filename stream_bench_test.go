@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,8 @@ type benchSource struct {
 	work   benchWorkload
 	marker canonical.Position
 	seq    int
+	// fastest counts the calls of recvlogicalFastest.
+	fastest int
 }
 
 // newBenchSource creates the standard table in a fresh database, then the
@@ -73,6 +76,7 @@ type streamRun struct {
 	took           time.Duration
 	server, client schedStat
 	serverKnown    bool
+	pipe           bool // pg_recvlogical wrote to a pipe
 }
 
 // siphon streams a copy of the slot to a no-op emit (values are decoded
@@ -117,29 +121,79 @@ func (s *benchSource) siphon(b *testing.B, slot string) streamRun {
 	return run
 }
 
-// recvlogical runs pg_recvlogical (pgoutput, output to /dev/null) on a copy
-// of the slot until the marker.
-func (s *benchSource) recvlogical(b *testing.B, slot string, binary bool) streamRun {
+// recvConfig is a configuration of pg_recvlogical: pgoutput's binary
+// mode, and where the output goes.
+type recvConfig struct {
+	binary bool
+	// pipe writes the output to stdout (-f -), a pipe this process drains
+	// into io.Discard; else to /dev/null without fsync (-f /dev/null -F 0).
+	pipe bool
+}
+
+// recvlogical runs pg_recvlogical (pgoutput) on a copy of the slot until
+// the marker.
+func (s *benchSource) recvlogical(b *testing.B, slot string, cfg recvConfig) streamRun {
 	b.Helper()
-	args := []string{"-d", s.dsn, "--slot", slot, "--start", "--no-loop", "-f", "/dev/null", "-F", "0",
+	args := []string{"-d", s.dsn, "--slot", slot, "--start", "--no-loop",
 		"-o", "proto_version=1", "-o", "publication_names=siphon", "-o", "messages=true",
 		"--endpos", s.marker.String()}
-	if binary {
+	if cfg.pipe {
+		args = append(args, "-f", "-")
+	} else {
+		args = append(args, "-f", "/dev/null", "-F", "0")
+	}
+	if cfg.binary {
 		args = append(args, "-o", "binary=true")
 	}
 	cmd := exec.Command(clientProgram(b, "pg_recvlogical"), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	var out io.ReadCloser
+	if cfg.pipe {
+		var err error
+		if out, err = cmd.StdoutPipe(); err != nil {
+			b.Fatal(err)
+		}
+	}
 	watch := s.watchBackend(slot)
 	began := time.Now()
-	err := cmd.Run()
-	run := streamRun{took: time.Since(began)}
+	err := cmd.Start()
+	if err == nil && out != nil {
+		_, err = io.Copy(io.Discard, out)
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
+	run := streamRun{took: time.Since(began), pipe: cfg.pipe}
 	run.server, run.serverKnown = watch()
 	if err != nil {
 		b.Fatalf("pg_recvlogical: %v: %s", err, stderr.String())
 	}
 	run.client.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	return run
+}
+
+// recvlogicalFastest runs pg_recvlogical in both of its output
+// configurations (text values), each on its own copy of the slot, in
+// alternating order from call to call, and returns the faster run: the
+// reference of x_pg_recvlogical.
+func (s *benchSource) recvlogicalFastest(b *testing.B, copySlot func(*testing.B) string) streamRun {
+	b.Helper()
+	configs := []recvConfig{{pipe: true}, {pipe: false}}
+	s.fastest++
+	if s.fastest%2 == 0 {
+		configs[0], configs[1] = configs[1], configs[0]
+	}
+	var best streamRun
+	for i, cfg := range configs {
+		b.StopTimer()
+		slot := copySlot(b)
+		b.StartTimer()
+		if r := s.recvlogical(b, slot, cfg); i == 0 || r.took < best.took {
+			best = r
+		}
+	}
+	return best
 }
 
 // serverDecode has the server decode a copy of the slot by itself, with no
@@ -171,28 +225,44 @@ func (s *benchSource) serverDecode(b *testing.B, slot string) streamRun {
 // since it started. ok is false when the backend was never seen, as with a
 // server on another machine.
 func (s *benchSource) watchBackend(slot string) func() (sched schedStat, ok bool) {
+	return watchBackends(s.dsn, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", slot)
+}
+
+// watchBackends samples, every 5 ms, the scheduler statistics of the
+// backends whose pids query returns (run on the database dsn names, every
+// 20 ms) until the returned function is called, which returns the sum of
+// each one's last sample: their times since each started. ok is false
+// when none was seen.
+func watchBackends(dsn, query string, args ...any) func() (sched schedStat, ok bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	var last schedStat
-	var seen bool
+	last := map[int]schedStat{}
 	go func() {
 		defer close(done)
-		conn, err := pgx.Connect(ctx, s.dsn)
+		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			return
 		}
 		defer conn.Close(context.Background())
-		pid := 0
+		var asked time.Time
 		for {
-			if pid == 0 {
-				var p *int32
-				if conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&p) == nil && p != nil {
-					pid = int(*p)
+			if time.Since(asked) > 20*time.Millisecond {
+				asked = time.Now()
+				if rows, err := conn.Query(ctx, query, args...); err == nil {
+					for rows.Next() {
+						var pid int32
+						if rows.Scan(&pid) == nil {
+							if _, known := last[int(pid)]; !known {
+								last[int(pid)] = schedStat{}
+							}
+						}
+					}
+					rows.Close()
 				}
 			}
-			if pid != 0 {
+			for pid := range last {
 				if st, ok := procSched(pid); ok {
-					last, seen = st, true
+					last[pid] = st
 				}
 			}
 			select {
@@ -205,7 +275,11 @@ func (s *benchSource) watchBackend(slot string) func() (sched schedStat, ok bool
 	return func() (schedStat, bool) {
 		cancel()
 		<-done
-		return last, seen
+		var sum schedStat
+		for _, st := range last {
+			sum = sum.plus(st)
+		}
+		return sum, len(last) > 0
 	}
 }
 
@@ -249,28 +323,44 @@ func selfSched() schedStat {
 }
 
 // BenchmarkStreamChanges compares StreamChanges (no-op emit, every value
-// decoded into canonical text) with pg_recvlogical (pgoutput, to /dev/null)
-// on copies of the same slot over the same WAL, in one run: the standard
-// stream workload (SIPHON_BENCH_ROWS inserts, a quarter as many updates, a
-// tenth as many deletes, SIPHON_BENCH_TX_ROWS changes per transaction).
-// Each tool's sub-benchmark reports changes/s, and where this machine can
-// see the processes, the time the decoding backend (the walsender, or the
-// session of server_decode) and the client spent on a CPU, as a share of
-// the wall time (server_cpu_pct, client_cpu_pct) and per change
+// decoded into canonical text) with pg_recvlogical (pgoutput) on copies of
+// the same slot over the same WAL, in one run: the standard stream
+// workload (SIPHON_BENCH_ROWS inserts, a quarter as many updates, a tenth
+// as many deletes, SIPHON_BENCH_TX_ROWS changes per transaction). See
+// benchStream for what it reports.
+func BenchmarkStreamChanges(b *testing.B) { benchStream(b, standardWorkload(b)) }
+
+// BenchmarkStreamChangesBulk is BenchmarkStreamChanges on the bulk shape
+// of the same changes: one transaction of SIPHON_BENCH_ROWS inserts, one
+// of a quarter as many updates, one of a tenth as many deletes.
+func BenchmarkStreamChangesBulk(b *testing.B) { benchStream(b, bulkWorkload(b)) }
+
+// benchStream runs the stream benchmarks on work. Each tool's
+// sub-benchmark reports changes/s, and where this machine can see the
+// processes, the time the decoding backend (the walsender, or the session
+// of server_decode) and the client spent on a CPU, as a share of the wall
+// time (server_cpu_pct, client_cpu_pct) and per change
 // (server_cpu_us/change, client_cpu_us/change), and the share of the wall
 // time they were runnable but waited for a core (server_runq_pct,
 // client_runq_pct; siphon only, for the client). A backend whose CPU and
 // run-queue shares add up to about 100% was never idle: it is the
-// bottleneck, and a client well below that was waiting for it. "ratio" runs both on each
-// iteration and reports the median speed ratio. The pg_recvlogical_binary
+// bottleneck, and a client well below that was waiting for it.
+//
+// pg_recvlogical runs in two output configurations: to a pipe this
+// process drains (pg_recvlogical_pipe: -f -) and to /dev/null without
+// fsync (pg_recvlogical: -f /dev/null -F 0). "ratio" runs siphon and both
+// of them on each iteration, each on its own copy of the slot, and reports
+// the median and lowest of siphon's speed over the faster pg_recvlogical
+// of the iteration (x_pg_recvlogical, target at least 1.0), and how often
+// the pipe was the faster (pipe_faster_pct). The pg_recvlogical_binary
 // variant and "binary_gain" ask pgoutput for binary values, to measure what
 // binary mode would save on the server. "server_decode" has the server
 // decode a copy of the slot by itself (count(*) over
 // pg_logical_slot_peek_binary_changes), and "server_decode_ratio" reports
-// siphon's speed over that (target at least 0.8): how much of the server's
-// own decode rate reaches the callback.
-func BenchmarkStreamChanges(b *testing.B) {
-	src := newBenchSource(b, standardWorkload(b))
+// siphon's speed over that: how much of the server's own decode rate
+// reaches the callback.
+func benchStream(b *testing.B, work benchWorkload) {
+	src := newBenchSource(b, work)
 	changes := float64(src.work.changes())
 	// each runs one tool per iteration on a fresh copy of the slot and
 	// reports its changes/s and CPU shares.
@@ -306,21 +396,43 @@ func BenchmarkStreamChanges(b *testing.B) {
 		}
 	}
 	siphonRun := func(b *testing.B, slot string) streamRun { return src.siphon(b, slot) }
-	textRun := func(b *testing.B, slot string) streamRun { return src.recvlogical(b, slot, false) }
-	binaryRun := func(b *testing.B, slot string) streamRun { return src.recvlogical(b, slot, true) }
+	recv := func(cfg recvConfig) func(b *testing.B, slot string) streamRun {
+		return func(b *testing.B, slot string) streamRun { return src.recvlogical(b, slot, cfg) }
+	}
 	b.Run("siphon", each(siphonRun))
-	b.Run("pg_recvlogical", each(textRun))
-	b.Run("pg_recvlogical_binary", each(binaryRun))
+	b.Run("pg_recvlogical_pipe", each(recv(recvConfig{pipe: true})))
+	b.Run("pg_recvlogical", each(recv(recvConfig{})))
+	b.Run("pg_recvlogical_binary", each(recv(recvConfig{binary: true})))
 	b.Run("server_decode", each(src.serverDecode))
-	// Both on each iteration, in alternating order: the median of the
+	// All on each iteration, in alternating order: the median of the
 	// per-iteration ratios holds on a noisy machine.
-	b.Run("ratio", func(b *testing.B) { pairedRatio(b, "x_pg_recvlogical", textRun, siphonRun, src.copySlot) })
+	b.Run("ratio", func(b *testing.B) {
+		pipeFaster, runs := 0, 0
+		fastest := func() time.Duration {
+			r := src.recvlogicalFastest(b, src.copySlot)
+			runs++
+			if r.pipe {
+				pipeFaster++
+			}
+			return r.took
+		}
+		ours := func() time.Duration {
+			b.StopTimer()
+			slot := src.copySlot(b)
+			b.StartTimer()
+			return src.siphon(b, slot).took
+		}
+		sideBySide(b, "x_pg_recvlogical", true, 0, ours, fastest)
+		b.ReportMetric(100*float64(pipeFaster)/float64(runs), "pipe_faster_pct")
+	})
 	b.Run("server_decode_ratio", func(b *testing.B) {
 		pairedRatio(b, "x_server_decode", src.serverDecode, siphonRun, src.copySlot)
 	})
 	// What binary mode would save the walsender: pg_recvlogical in text
 	// mode over pg_recvlogical in binary mode.
-	b.Run("binary_gain", func(b *testing.B) { pairedRatio(b, "x_text", textRun, binaryRun, src.copySlot) })
+	b.Run("binary_gain", func(b *testing.B) {
+		pairedRatio(b, "x_text", recv(recvConfig{}), recv(recvConfig{binary: true}), src.copySlot)
+	})
 }
 
 // pairedRatio runs reference and contender side by side, each on a fresh

@@ -2,6 +2,7 @@ package canonical
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"unicode/utf8"
 )
@@ -132,6 +133,30 @@ func (s *scanner) literal(lit string) error {
 	return nil
 }
 
+// skipSafe returns the index of the first byte at or after data[i] that
+// is not jsonSafe, or where fewer than 8 bytes are left: it tests 8 bytes
+// at a time (SWAR), so the string loops below look at most bytes of a
+// string as words. A word is safe when none of its bytes is below 0x20, a
+// quote, a backslash or at or above 0x80.
+func skipSafe(data []byte, i int) int {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	for i+8 <= len(data) {
+		w := binary.LittleEndian.Uint64(data[i:])
+		quote, backslash := w^(ones*'"'), w^(ones*'\\')
+		// A byte's high bit is set in x-ones*n &^ x when the byte is below
+		// n (n at most 0x80), for at least one such byte of the word.
+		unsafe := (w-ones*0x20)&^w | (quote-ones)&^quote | (backslash-ones)&^backslash | w
+		if unsafe&highs != 0 {
+			return i
+		}
+		i += 8
+	}
+	return i
+}
+
 // stringRaw reads a string and returns its content between the quotes,
 // checked: no raw control characters, valid UTF-8, valid escapes (surrogates
 // paired). escaped says whether the content holds escapes (see unescape).
@@ -143,15 +168,15 @@ func (s *scanner) stringRaw() (raw []byte, escaped bool, err error) {
 	data := s.data
 	i := start
 	for {
+		i = skipSafe(data, i)
+		for i < len(data) && jsonSafe[data[i]] {
+			i++
+		}
 		if i >= len(data) {
 			s.pos = i
 			return nil, false, s.syntax("unterminated string")
 		}
 		c := data[i]
-		if jsonSafe[c] {
-			i++
-			continue
-		}
 		switch {
 		case c == '"':
 			s.pos = i + 1
@@ -281,15 +306,15 @@ func (s *scanner) appendString(dst []byte) ([]byte, error) {
 	i := s.pos + 1
 	start := i
 	for {
+		i = skipSafe(data, i)
+		for i < len(data) && jsonSafe[data[i]] {
+			i++
+		}
 		if i >= len(data) {
 			s.pos = i
 			return dst, s.syntax("unterminated string")
 		}
 		c := data[i]
-		if jsonSafe[c] {
-			i++
-			continue
-		}
 		switch {
 		case c == '"':
 			s.pos = i + 1

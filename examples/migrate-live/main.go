@@ -1,0 +1,333 @@
+// Command migrate-live migrates a database to another one while its
+// application keeps writing: an initial snapshot and the change stream
+// after it, applied live by Replicate; a cutover once the target has caught
+// up (writes stopped, the last of them applied, sequences set); the target
+// then checked identical to the source, table by table.
+//
+//	go run ./examples/migrate-live
+//
+// With SIPHON_DSN unset it starts an embedded throwaway PostgreSQL (local
+// server binaries, see package siphontest) and removes it at the end. With
+// SIPHON_DSN set it works on that server, in two new databases it drops at
+// the end (the role needs REPLICATION and CREATEDB).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/siphontest"
+)
+
+// slotName names the migration's slot and publication on the source.
+const slotName = "siphon_migrate"
+
+// schema is the application's: the target gets the same tables, empty.
+const schema = `
+	CREATE TABLE accounts (id bigint PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL);
+	CREATE TABLE transfers (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		from_id bigint NOT NULL REFERENCES accounts, to_id bigint NOT NULL REFERENCES accounts,
+		amount numeric(12,2) NOT NULL, at timestamptz NOT NULL DEFAULT now());`
+
+// tables are the tables migrated, compared and whose sequences are set.
+var tables = []string{"accounts", "transfers"}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "migrate-live:", err)
+		os.Exit(1)
+	}
+}
+
+// run migrates the demo's source into its target, printing an account to out.
+func run(ctx context.Context, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	out = &lockedWriter{w: out} // Progress writes from Replicate's goroutine
+	started := time.Now()
+	env, err := setUp(ctx, out)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+
+	app := startApplication(ctx, env.source)
+	src, err := siphon.Connect(ctx, env.source, siphon.WithSlot(slotName), siphon.WithPublication(slotName))
+	if err != nil {
+		return errors.Join(err, app.stop())
+	}
+	defer src.Close()
+	target, err := siphon.Connect(ctx, env.target)
+	if err != nil {
+		return errors.Join(err, app.stop())
+	}
+	defer target.Close()
+
+	// 1. Snapshot, then the stream, into the target, while the application writes.
+	caughtUp := make(chan struct{})
+	var once bool
+	replica := startReplicate(ctx, src, target, siphon.ReplicateOptions{
+		Snapshot:         true,
+		ProgressInterval: 250 * time.Millisecond,
+		Progress: func(p siphon.ReplicateProgress) {
+			fmt.Fprintf(out, "   replicating: applied %v, lag %d bytes, %d transactions streamed, %.0f tx/s\n",
+				p.Applied, p.LagBytes, p.Transactions, p.TransactionsPerSecond)
+			if !once && p.Transactions > 0 && p.LagBytes == 0 {
+				once = true // a report after the snapshot, streaming, nothing waiting
+				close(caughtUp)
+			}
+		},
+	})
+	fmt.Fprintln(out, "1. replicate    snapshot, then the stream from its Position, while the application writes")
+	select {
+	case <-caughtUp:
+	case err := <-replica.done:
+		return errors.Join(fmt.Errorf("replicate stopped: %w", err), app.stop())
+	}
+
+	// 2. Cutover: stop the writes, wait until the target has applied the last.
+	if err := app.stop(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "2. cutover      lag zero: the application stopped after %d transactions\n", app.commits)
+	mark, err := sourceMark(ctx, env.source)
+	if err != nil {
+		return err
+	}
+	if err := awaitApplied(ctx, target, env.systemID, mark, replica); err != nil {
+		return err
+	}
+	applied, err := replica.stop()
+	if err != nil {
+		return err
+	}
+	if err := setSequences(ctx, env.source, env.target); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   the target applied the source up to %v; sequences set; Replicate stopped\n", applied)
+
+	// 3. The target holds what the source holds.
+	for _, table := range tables {
+		want, err := digest(ctx, env.source, table)
+		if err != nil {
+			return err
+		}
+		got, err := digest(ctx, env.target, table)
+		if err != nil {
+			return err
+		}
+		if got != want {
+			return fmt.Errorf("%s differs: the source holds %s, the target %s", table, want, got)
+		}
+		fmt.Fprintf(out, "3. compare      %-9s %s: identical to the source\n", table, got)
+	}
+	fmt.Fprintf(out, "done in %v: point the application at the target\n", since(started))
+	// The demo drops its databases: forget the target's position of the
+	// source (replication origins are cluster-wide), then the slot.
+	return errors.Join(target.ResetAppliedPosition(ctx, env.systemID, slotName), src.Detach(ctx))
+}
+
+// replica is Replicate running in the background.
+type replica struct {
+	cancel context.CancelFunc
+	done   chan error
+	pos    canonical.Position
+}
+
+func startReplicate(ctx context.Context, src, target *siphon.Conn, opts siphon.ReplicateOptions) *replica {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &replica{cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		var err error
+		r.pos, err = src.Replicate(ctx, target, opts)
+		r.done <- err
+	}()
+	return r
+}
+
+// stop cancels Replicate, the normal way to stop it, and returns the
+// Position the target has applied.
+func (r *replica) stop() (canonical.Position, error) {
+	r.cancel()
+	err := <-r.done
+	return r.pos, err
+}
+
+// sourceMark returns a Position the target reaches once it has applied
+// every transaction committed on the source so far: the WAL insert
+// position, read before a transaction (a logical decoding message) that
+// ends past it and that the stream carries. (The insert position alone may
+// never be reached: other databases of the server write WAL too.)
+func sourceMark(ctx context.Context, dsn string) (canonical.Position, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	var lsn string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+		return 0, err
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(true, 'migrate.cutover', '')"); err != nil {
+		return 0, err
+	}
+	return canonical.ParsePosition(lsn)
+}
+
+// awaitApplied waits until the target has applied the source up to mark.
+func awaitApplied(ctx context.Context, target *siphon.Conn, systemID string, mark canonical.Position, r *replica) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		applied, err := target.AppliedPositionFor(ctx, systemID, slotName)
+		if err != nil || applied >= mark {
+			return err
+		}
+		select {
+		case err := <-r.done:
+			return fmt.Errorf("replicate stopped before the cutover: %w", err)
+		case <-tick.C:
+		}
+	}
+}
+
+// setSequences sets each table's identity sequence on the target to the
+// source's: logical replication carries rows, not sequences.
+func setSequences(ctx context.Context, source, target string) error {
+	for _, table := range tables {
+		var last *int64
+		query := "SELECT last_value FROM pg_sequences WHERE sequencename = $1 || '_id_seq' AND last_value IS NOT NULL"
+		if err := queryRow(ctx, source, query, []any{table}, &last); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if last == nil {
+			continue
+		}
+		var set int64
+		if err := queryRow(ctx, target, "SELECT setval(pg_get_serial_sequence($1, 'id'), $2)", []any{table, *last}, &set); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// digest fingerprints a table's rows: count and md5 of their text.
+func digest(ctx context.Context, dsn, table string) (string, error) {
+	var n int
+	var sum *string
+	err := queryRow(ctx, dsn, "SELECT count(*), md5(string_agg(t::text, '|' ORDER BY t.id)) FROM "+table+" t", nil, &n, &sum)
+	if err != nil || sum == nil {
+		return "empty", err
+	}
+	return fmt.Sprintf("%d rows, md5 %s", n, (*sum)[:12]), nil
+}
+
+func queryRow(ctx context.Context, dsn, sql string, args []any, dest ...any) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return conn.QueryRow(ctx, sql, args...).Scan(dest...)
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
+
+// environment is the demo's server and databases.
+type environment struct {
+	srv            *siphontest.Server
+	source, target string
+	systemID       string
+	cleanups       []func()
+}
+
+// setUp starts (or attaches to) the server and creates the source, with
+// the application's tables filled, and the target, with them empty.
+func setUp(ctx context.Context, out io.Writer) (_ *environment, err error) {
+	env := &environment{}
+	defer func() {
+		if err != nil {
+			env.close()
+		}
+	}()
+	if dsn := os.Getenv("SIPHON_DSN"); dsn != "" {
+		if env.srv, err = siphontest.Attach(ctx, dsn); err != nil {
+			return nil, err
+		}
+		fmt.Fprintln(out, "server: the one SIPHON_DSN names, in new databases")
+	} else {
+		launched := time.Now()
+		if env.srv, err = siphontest.Launch(ctx); err != nil {
+			return nil, fmt.Errorf("start an embedded PostgreSQL (or set SIPHON_DSN): %w", err)
+		}
+		srv := env.srv
+		env.cleanups = append(env.cleanups, func() { srv.Close() })
+		fmt.Fprintf(out, "server: embedded throwaway PostgreSQL, ready in %v\n", since(launched))
+	}
+	for _, db := range []*string{&env.source, &env.target} {
+		dsn, drop, err := env.srv.CreateDatabase(ctx)
+		if err != nil {
+			return nil, err
+		}
+		env.cleanups = append(env.cleanups, func() { drop(context.Background()) })
+		if err := exec(ctx, dsn, schema); err != nil {
+			return nil, err
+		}
+		*db = dsn
+	}
+	err = exec(ctx, env.source, `
+		INSERT INTO accounts SELECT i, 'owner ' || i, 1000 FROM generate_series(1, 10000) i;
+		INSERT INTO transfers (from_id, to_id, amount) SELECT 1 + i % 10000, 1 + (i * 7) % 10000, (i % 500) / 10.0
+			FROM generate_series(1, 100000) i;
+		ANALYZE accounts, transfers;`)
+	if err != nil {
+		return nil, err
+	}
+	if err := queryRow(ctx, env.source, "SELECT system_identifier::text FROM pg_control_system()", nil, &env.systemID); err != nil {
+		return nil, err
+	}
+	fmt.Fprintln(out, "source: 10000 accounts, 100000 transfers; target: the same tables, empty")
+	return env, nil
+}
+
+// close removes what the demo made, newest first.
+func (e *environment) close() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
+}
+
+func exec(ctx context.Context, dsn, sql string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
