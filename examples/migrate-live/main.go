@@ -40,7 +40,7 @@ const schema = `
 		from_id bigint NOT NULL REFERENCES accounts, to_id bigint NOT NULL REFERENCES accounts,
 		amount numeric(12,2) NOT NULL, at timestamptz NOT NULL DEFAULT now());`
 
-// tables are the tables migrated, compared and whose sequences are set.
+// tables are the tables migrated and compared, rows and identity sequences.
 var tables = []string{"accounts", "transfers"}
 
 func main() {
@@ -114,10 +114,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := setSequences(ctx, env.source, env.target); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "   the target applied the source up to %v; sequences set; Replicate stopped\n", applied)
+	fmt.Fprintf(out, "   the target applied the source up to %v; Replicate stopped (it set the sequences as it stopped)\n", applied)
 
 	// 3. The target holds what the source holds.
 	for _, table := range tables {
@@ -131,6 +128,20 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 		if got != want {
 			return fmt.Errorf("%s differs: the source holds %s, the target %s", table, want, got)
+		}
+		wantSeq, err := sequenceValue(ctx, env.source, table)
+		if err != nil {
+			return err
+		}
+		gotSeq, err := sequenceValue(ctx, env.target, table)
+		if err != nil {
+			return err
+		}
+		if gotSeq != wantSeq {
+			return fmt.Errorf("%s's sequence differs: the source's stands at %s, the target's at %s", table, wantSeq, gotSeq)
+		}
+		if gotSeq != "none" {
+			got += ", sequence at " + gotSeq
 		}
 		fmt.Fprintf(out, "3. compare      %-9s %s: identical to the source\n", table, got)
 	}
@@ -204,24 +215,21 @@ func awaitApplied(ctx context.Context, target *siphon.Conn, systemID string, mar
 	}
 }
 
-// setSequences sets each table's identity sequence on the target to the
-// source's: logical replication carries rows, not sequences.
-func setSequences(ctx context.Context, source, target string) error {
-	for _, table := range tables {
-		var last *int64
-		query := "SELECT last_value FROM pg_sequences WHERE sequencename = $1 || '_id_seq' AND last_value IS NOT NULL"
-		if err := queryRow(ctx, source, query, []any{table}, &last); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		if last == nil {
-			continue
-		}
-		var set int64
-		if err := queryRow(ctx, target, "SELECT setval(pg_get_serial_sequence($1, 'id'), $2)", []any{table, *last}, &set); err != nil {
-			return err
-		}
+// sequenceValue is the last value of a table's identity sequence: "none"
+// for a table without one, "unused" before its first nextval.
+func sequenceValue(ctx context.Context, dsn, table string) (string, error) {
+	var last *int64
+	query := "SELECT last_value FROM pg_sequences WHERE format('%I.%I', schemaname, sequencename)::regclass = pg_get_serial_sequence($1, 'id')::regclass"
+	err := queryRow(ctx, dsn, query, []any{table}, &last)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "none", nil
+	case err != nil:
+		return "", err
+	case last == nil:
+		return "unused", nil
 	}
-	return nil
+	return fmt.Sprint(*last), nil
 }
 
 // digest fingerprints a table's rows: count and md5 of their text.
