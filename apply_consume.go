@@ -354,19 +354,27 @@ func (c *Conn) openApplySession(ctx context.Context, database string, h canonica
 }
 
 // close releases the source's replication origin (or advisory lock) and
-// ends the session, which drops its prepared statements.
+// ends the session, which drops its prepared statements. When the session
+// cannot release them itself (a cancelled command broke it), close waits
+// until its backend is gone, which releases them: a ConsumeCanonical that
+// returned never leaves the source held.
 func (s *applySession) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := cleanupContext(context.Background())
 	defer cancel()
 	s.await() // its error was returned, or the session is being closed anyway
-	if s.tracking && !s.pg.IsClosed() {
-		if err := s.rollback(ctx); err == nil {
-			if err := s.track.release(ctx, s.conn); err != nil {
-				s.c.log.Warn("siphon: release the applied source; closing the session releases it too", "err", err)
-			}
-		}
+	if !s.tracking {
+		closeConn(ctx, s.pg)
+		return
 	}
-	s.conn.Close(ctx)
+	if !s.pg.IsClosed() && s.rollback(ctx) == nil {
+		err := s.track.release(ctx, s.conn)
+		if err == nil {
+			closeConn(ctx, s.pg)
+			return
+		}
+		s.c.log.Warn("siphon: release the applied source; ending the session releases it too", "err", err)
+	}
+	closeAndEnd(s.c.pool, s.pg)
 }
 
 // setupRole makes the session apply as a replica when the role may.

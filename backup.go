@@ -272,7 +272,7 @@ func (c *Conn) backupHeader(run *backupRun, tables []canonical.TableName) canoni
 // will continue from it. Its session goes, and its temporary slot with it.
 func (c *Conn) dropFailedBase(slot string) {
 	if held := c.bases.take(slot); held != nil {
-		closeSession(held)
+		closeSession(held.PgConn())
 	}
 }
 
@@ -283,11 +283,7 @@ func (c *Conn) identifySystem(ctx context.Context) (streamInfo, error) {
 	if err != nil {
 		return streamInfo{}, err
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer cancel()
-		closeConn(ctx, repl)
-	}()
+	defer closeSession(repl)
 	return identifySource(ctx, repl)
 }
 

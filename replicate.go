@@ -282,7 +282,7 @@ func (r *replica) followSequences(ctx context.Context) (stop func() error) {
 	return func() error {
 		close(done)
 		<-stopped
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		ctx, cancel := cleanupContext(ctx)
 		defer cancel()
 		return advance(ctx)
 	}
@@ -318,7 +318,7 @@ func (r *replica) reportProgress(ctx context.Context, opts ReplicateOptions) (st
 		for {
 			select {
 			case <-done:
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+				ctx, cancel := cleanupContext(ctx)
 				report(ctx, time.Now()) // where Replicate stopped
 				cancel()
 				return

@@ -40,8 +40,6 @@ const (
 	// slotLockKey is the advisory lock key for slot management: "siphon" in
 	// ASCII followed by 0x0001.
 	slotLockKey int64 = 0x736970686f6e0001
-	// closeTimeout bounds closing sessions and cleaning up after a failure.
-	closeTimeout = 2 * time.Second
 	// clientGrace is how long past lock_timeout the client waits before it
 	// gives up on an attempt itself (a wait the server does not count as a
 	// lock wait, or a network that went silent).
@@ -283,13 +281,9 @@ func (c *Conn) createSnapshotSlot(ctx context.Context, anchor bool) (*snapshotSl
 func (s *snapshotSlot) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		// Cleaning up must happen even when the snapshot ended because ctx did.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-		defer cancel()
-		pid := s.repl.PID()
-		if err := closeConn(ctx, s.repl); err != nil {
+		if err := closeAndEnd(s.c.pool, s.repl); err != nil {
 			s.closeErr = fmt.Errorf("siphon: close snapshot slot %q: %w", s.Name, err)
 		}
-		endWalsender(ctx, s.c.pool, pid)
 	})
 	return s.closeErr
 }
@@ -457,9 +451,7 @@ func (c *Conn) runCreate(ctx context.Context, lock *slotLock, repl *pgconn.PgCon
 func finishCreate(repl *pgconn.PgConn, spec slotSpec, res pglogrepl.CreateReplicationSlotResult) (*createdSlot, error) {
 	pos, err := canonical.ParsePosition(res.ConsistentPoint)
 	if err != nil || !spec.export {
-		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer cancel()
-		closeConn(ctx, repl)
+		closeSession(repl)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("consistent point: %w", err)
@@ -475,46 +467,7 @@ func finishCreate(repl *pgconn.PgConn, spec slotSpec, res pglogrepl.CreateReplic
 // walsender: one whose client went away keeps waiting, with its half-made
 // slot, until the transactions it waits for end.
 func discard(lock *slotLock, repl *pgconn.PgConn) {
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-	defer cancel()
-	pid := repl.PID()
-	closeConn(ctx, repl)
-	endWalsender(ctx, lock.conn, pid)
-}
-
-// closeConn closes conn and waits (as long as ctx allows) until pgconn has
-// finished with it: after a cancelled command pgconn sends a cancel request
-// and closes the socket from a goroutine of its own.
-func closeConn(ctx context.Context, conn *pgconn.PgConn) error {
-	err := conn.Close(ctx)
-	select {
-	case <-conn.CleanupDone():
-	case <-ctx.Done():
-	}
-	return err
-}
-
-// endWalsender waits until the walsender pid is gone, its temporary or
-// half-made slot with it (a backend leaves pg_stat_activity after it has
-// released its slot). One whose client closed exits within milliseconds;
-// one still running a command is terminated.
-func endWalsender(ctx context.Context, q querier, pid uint32) {
-	const alive = `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND backend_type = 'walsender')`
-	terminated := false
-	started := time.Now()
-	for pause := time.Millisecond; time.Since(started) < closeTimeout; pause = min(2*pause, 20*time.Millisecond) {
-		var there bool
-		if err := q.QueryRow(ctx, alive, int64(pid)).Scan(&there); err != nil || !there {
-			return
-		}
-		if !terminated && time.Since(started) > 20*time.Millisecond {
-			q.Exec(ctx, "SELECT pg_terminate_backend($1)", int64(pid))
-			terminated = true
-		}
-		if sleepCtx(ctx, pause) != nil {
-			return
-		}
-	}
+	closeAndEnd(lock.conn, repl)
 }
 
 // repair fixes what err reports, once per kind: a missing REPLICATION
@@ -682,17 +635,13 @@ func (c *Conn) lockSlots(ctx context.Context, deadline time.Time) (*slotLock, er
 // it runs even when the caller's has ended. Ending the session would
 // release the lock anyway.
 func (l *slotLock) release() {
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	ctx, cancel := cleanupContext(context.Background())
 	defer cancel()
 	if l.held {
 		l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", slotLockKey)
 		l.held = false
 	}
-	l.conn.Close(ctx)
-	select { // a query cancelled by ctx leaves pgconn cleaning up on its own
-	case <-l.conn.PgConn().CleanupDone():
-	case <-ctx.Done():
-	}
+	closeConn(ctx, l.conn.PgConn())
 }
 
 // blockersOf lists the sessions (and prepared transactions) that the
@@ -704,7 +653,7 @@ func (l *slotLock) blockersOf(pid uint32) ([]Blocker, error) {
 // query runs a blocker query on a short context of its own: an attempt
 // that times out must not break the lock session mid-query.
 func (l *slotLock) query(sql string, arg any) ([]Blocker, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	ctx, cancel := cleanupContext(context.Background())
 	defer cancel()
 	rows, err := l.conn.Query(ctx, sql, arg)
 	if err != nil {

@@ -71,7 +71,7 @@ func (c *Conn) CreateBaseSlot(ctx context.Context) (*IncrementalBaseInfo, error)
 		if err == nil {
 			pos, err := canonical.ParsePosition(lsn)
 			if err != nil {
-				closeSession(hold)
+				closeSession(hold.PgConn())
 				return nil, wrapSlotErr("create base slot", name, err)
 			}
 			c.bases.hold(name, hold)
@@ -79,7 +79,7 @@ func (c *Conn) CreateBaseSlot(ctx context.Context) (*IncrementalBaseInfo, error)
 			return &IncrementalBaseInfo{Slot: name, WALStart: pos}, nil
 		}
 		if retry, err := c.repair(ctx, lock, err, &rep); !retry {
-			closeSession(hold)
+			closeSession(hold.PgConn())
 			return nil, wrapSlotErr("create base slot", name, err)
 		}
 	}
@@ -118,7 +118,7 @@ func (h *heldBases) release() {
 	h.sessions = nil
 	h.mu.Unlock()
 	for _, conn := range sessions {
-		closeSession(conn)
+		closeSession(conn.PgConn())
 	}
 }
 
@@ -136,7 +136,7 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 	held := c.bases.take(info.Slot)
 	slot := info.Slot
 	if held != nil {
-		defer closeSession(held)
+		defer closeSession(held.PgConn())
 		slot = pendingBasePrefix + strings.TrimPrefix(info.Slot, "siphon_")
 	}
 	var restart, status, current string

@@ -103,12 +103,12 @@ func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Sc
 	run := &copyRun{c: c, snapshot: s.Name(), position: s.Position(), marks: cfg.checkpoint != nil}
 	sessions, err := run.plan(ctx, lead, schema, cfg)
 	if err != nil {
-		closeSession(lead)
+		closeSession(lead.PgConn())
 		return err
 	}
 	workers := min(sessions, len(run.tasks))
 	if workers == 0 {
-		closeSession(lead)
+		closeSession(lead.PgConn())
 		return run.consume(ctx, fn, cfg)
 	}
 	// At most 2*workers tasks run ahead of the consumer, so at most that
@@ -134,21 +134,13 @@ func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Sc
 					return
 				}
 			}
-			defer closeSession(conn)
+			defer closeSession(conn.PgConn())
 			if err := run.work(ctx, conn, i == 0); err != nil {
 				cancel(err)
 			}
 		})
 	}
 	return run.consume(ctx, fn, cfg)
-}
-
-// closeSession ends a copying session; its read-only transaction needs no
-// commit.
-func closeSession(conn *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn.Close(ctx)
 }
 
 // plan imports the snapshot in the lead session, checks and locks the

@@ -440,23 +440,7 @@ func (c *Conn) pluginArgs(ctx context.Context, conn *pgconn.PgConn) ([]string, e
 // its walsender has released the slot, so that the caller can stream again
 // or drop the slot right away.
 func (c *Conn) closeReplication(conn *pgconn.PgConn) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	pid := conn.PID()
-	conn.Close(ctx)
-	for {
-		var held bool
-		err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)",
-			c.opts.slot, int64(pid)).Scan(&held)
-		if err != nil || !held {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	closeAndEnd(c.pool, conn)
 }
 
 // identifySource reads the system identifier, timeline and server version.
