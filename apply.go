@@ -17,9 +17,11 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
 )
 
 // ApplyChange applies one row change, truncate or schema change to the
@@ -177,13 +179,6 @@ func (c *Conn) execApplied(ctx context.Context, role applyRole, sql string, para
 // isCatalogError reports whether err says a table, column or type is not
 // what siphon's cached description of the target said.
 func isCatalogError(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "42P01", "42703", "42804", "42P10": // undefined table/column, datatype mismatch, invalid ON CONFLICT target
-		return true
-	}
-	return false
+	return pgerr.Is(err, pgerrcode.UndefinedTable, pgerrcode.UndefinedColumn, pgerrcode.DatatypeMismatch,
+		pgerrcode.InvalidColumnReference) // the last: an ON CONFLICT target that is no unique key
 }

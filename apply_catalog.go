@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // targetTable describes a table of the target database, from its catalog.
@@ -219,7 +220,7 @@ func bind(t *targetTable, cols []canonical.Column, src *canonical.Table) (*bindi
 	fail := func(col, problem string) error {
 		return &SchemaIncompatibleError{Table: t.name, Column: col, Problem: problem}
 	}
-	b := &binding{source: t.name, target: t, srcCols: cols, quoted: quoteTable(t.name),
+	b := &binding{source: t.name, target: t, srcCols: cols, quoted: sqltext.Name(t.name.Schema, t.name.Name),
 		identity: identity, isKey: make([]bool, len(cols)), shapes: map[string]*statement{}}
 	for _, sc := range cols {
 		tc := t.column(sc.Name)
@@ -232,7 +233,7 @@ func bind(t *targetTable, cols []canonical.Column, src *canonical.Table) (*bindi
 		case sc.Type != "" && sc.Type != tc.typ && builtinType(sc.TypeOID):
 			return nil, fail(sc.Name, fmt.Sprintf("the column is %s in the source but %s in the target: give both the same type", sc.Type, tc.typ))
 		}
-		b.cols = append(b.cols, boundColumn{quoted: quoteIdent(sc.Name), typeOID: tc.typeOID, arrayOID: tc.arrayOID, exact: tc.exact})
+		b.cols = append(b.cols, boundColumn{quoted: sqltext.Ident(sc.Name), typeOID: tc.typeOID, arrayOID: tc.arrayOID, exact: tc.exact})
 	}
 	for _, tc := range t.columns {
 		if tc.required && !slices.ContainsFunc(cols, func(c canonical.Column) bool { return c.Name == tc.name }) {

@@ -8,7 +8,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
+
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
 )
 
 // loadSnapshot applies a snapshot stream: skipped when the target has
@@ -89,7 +92,7 @@ func (s *applySession) copyRows(ctx context.Context, src *recordSource, rec cano
 	switch {
 	case rd.err != nil:
 		return rd.err
-	case isCode(err, codeUniqueViolation):
+	case pgerr.Is(err, pgerrcode.UniqueViolation):
 		return fmt.Errorf("copy rows into %s: %w (a snapshot loads into empty tables)", b.source, err)
 	case err != nil:
 		return fmt.Errorf("copy rows into %s: %w", b.source, err)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // shortStatement shortens a statement for an error message.
@@ -173,10 +174,10 @@ func (s *applySession) followColumns(ctx context.Context, t *canonical.Table, ta
 	}
 	var stmts []string
 	for _, c := range add {
-		stmts = append(stmts, "ALTER TABLE "+quoteTable(name)+" ADD COLUMN "+quoteIdent(c.Name)+" "+c.Type)
+		stmts = append(stmts, "ALTER TABLE "+sqltext.Name(name.Schema, name.Name)+" ADD COLUMN "+sqltext.Ident(c.Name)+" "+c.Type)
 	}
 	for _, col := range drop {
-		stmts = append(stmts, "ALTER TABLE "+quoteTable(name)+" DROP COLUMN "+quoteIdent(col))
+		stmts = append(stmts, "ALTER TABLE "+sqltext.Name(name.Schema, name.Name)+" DROP COLUMN "+sqltext.Ident(col))
 	}
 	if err := s.flush(ctx); err != nil {
 		return false, err

@@ -17,16 +17,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
 )
 
 // applyLockClass is the first key of the advisory lock that makes one
@@ -135,13 +135,12 @@ func (t tracker) release(ctx context.Context, conn *pgx.Conn) error {
 
 func setupOrigin(ctx context.Context, conn *pgx.Conn, name string) error {
 	_, err := conn.Exec(ctx, "SELECT pg_replication_origin_create($1) WHERE pg_replication_origin_oid($1) IS NULL", name)
-	if err != nil && !isCode(err, codeUniqueViolation) { // created meanwhile by another session
+	if err != nil && !pgerr.Is(err, pgerrcode.UniqueViolation) { // created meanwhile by another session
 		return fmt.Errorf("create replication origin %q: %w", name, err)
 	}
 	if _, err := conn.Exec(ctx, "SELECT pg_replication_origin_session_setup($1)", name); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == codeObjectInUse {
-			return fmt.Errorf("%w (replication origin %q: %s)", ErrApplyInProgress, name, pgErr.Message)
+		if pgerr.Is(err, pgerrcode.ObjectInUse) {
+			return fmt.Errorf("%w (replication origin %q: %s)", ErrApplyInProgress, name, pgerr.Message(err))
 		}
 		return fmt.Errorf("set up replication origin %q: %w", name, err)
 	}
@@ -411,10 +410,9 @@ func dropOrigin(ctx context.Context, q querier, name string) error {
 		return nil
 	}
 	_, err := q.Exec(ctx, "SELECT pg_replication_origin_drop($1)", name)
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == codeObjectInUse:
-		return fmt.Errorf("%w (%s)", ErrApplyInProgress, pgErr.Message)
+	case pgerr.Is(err, pgerrcode.ObjectInUse):
+		return fmt.Errorf("%w (%s)", ErrApplyInProgress, pgerr.Message(err))
 	case err != nil:
 		return fmt.Errorf("drop replication origin %q: %w", name, err)
 	}

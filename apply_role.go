@@ -8,6 +8,7 @@ import (
 
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/fkgraph"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // How apply treats the target's own logic. Like PostgreSQL's logical
@@ -100,9 +101,9 @@ type Trigger struct {
 }
 
 func (t Trigger) String() string {
-	s := fmt.Sprintf("%s %s on %s (%s)", t.Kind, quoteIdent(t.Name), t.Table, t.On)
+	s := fmt.Sprintf("%s %s on %s (%s)", t.Kind, sqltext.Ident(t.Name), t.Table, t.On)
 	if t.Kind == TriggerKindForeignKey {
-		s = fmt.Sprintf("foreign key %s of %s referencing %s (%s)", quoteIdent(t.Name), t.Referencing, t.Table, t.On)
+		s = fmt.Sprintf("foreign key %s of %s referencing %s (%s)", sqltext.Ident(t.Name), t.Referencing, t.Table, t.On)
 	}
 	if !t.Fires {
 		s += ", ENABLE REPLICA: would not fire"

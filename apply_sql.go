@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // The kinds of statement a row change becomes.
@@ -330,10 +331,10 @@ func truncateSQL(tables []*targetTable, parents []canonical.TableName, restartId
 		if !t.partitioned {
 			s.WriteString("ONLY ")
 		}
-		s.WriteString(quoteTable(t.name))
+		s.WriteString(sqltext.Name(t.name.Schema, t.name.Name))
 	}
 	for _, p := range parents {
-		s.WriteString(", " + quoteTable(p))
+		s.WriteString(", " + sqltext.Name(p.Schema, p.Name))
 	}
 	if restartIdentity {
 		s.WriteString(" RESTART IDENTITY")

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
 
@@ -334,13 +335,13 @@ func literalPattern(name string, schema bool) (string, error) {
 		if rest != "" {
 			return "", fmt.Errorf("%q: a schema name has one part", name)
 		}
-		return quoteIdent(ident), nil
+		return sqltext.Ident(ident), nil
 	}
 	t, err := parseTableName(name)
 	if err != nil {
 		return "", err
 	}
-	return quoteTable(t), nil
+	return sqltext.Name(t.Schema, t.Name), nil
 }
 
 // clientConn describes the Conn's database (or another of the same
@@ -371,7 +372,7 @@ func (c *Conn) snapshotTables(ctx context.Context, snapshot string, opt BackupOp
 		return nil, err
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+sqltext.Literal(snapshot)); err != nil {
 		return nil, err
 	}
 	rows, err := tx.Query(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -431,9 +432,6 @@ func selectTables(all []canonical.TableName, opt BackupOptions) ([]canonical.Tab
 	}
 	return out, nil
 }
-
-// quoteLiteral quotes a SQL string literal.
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // dumpParallel runs pg_dump in the directory format with parallel jobs
 // into a temporary directory, then streams it into w as a tar: toc.dat

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
 
@@ -156,7 +157,7 @@ func (e *TriggersWouldFireError) Error() string {
 	return fmt.Sprintf("siphon: apply refused before writing to these tables: role %q may not set session_replication_role, "+
 		"so applying as an ordinary session would run the target's own logic, and the target would differ from the source: %s; "+
 		"have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s, or connect WithTriggersOnApply to apply with them firing",
-		e.Role, strings.Join(list, "; "), quoteIdent(e.Role))
+		e.Role, strings.Join(list, "; "), sqltext.Ident(e.Role))
 }
 
 // ForeignKeyOrderError is returned by [Conn.ConsumeCanonical] for a
@@ -183,7 +184,7 @@ func (e *ForeignKeyOrderError) Error() string {
 	}
 	return fmt.Sprintf("siphon: snapshot refused, nothing was loaded: role %q applies with foreign keys checked, and %s references %s (constraint %s, not deferrable), %s; "+
 		"have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s, or make the constraint DEFERRABLE on the target",
-		e.Role, e.Table, e.References, quoteIdent(e.Constraint), why, quoteIdent(e.Role))
+		e.Role, e.Table, e.References, sqltext.Ident(e.Constraint), why, sqltext.Ident(e.Role))
 }
 
 // ErrSerializableDeferrable is returned by [Conn.Backup] when

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
 
@@ -257,10 +258,10 @@ func (c *Conn) roleChecks(ctx context.Context) ([]Check, error) {
 	case replication || super:
 	case createRole:
 		ch.Status, ch.Found = CheckWarning, fmt.Sprintf("role %q lacks REPLICATION, and may grant it to itself", role)
-		ch.Fix = fmt.Sprintf("siphon runs ALTER ROLE %s WITH REPLICATION itself when it first needs it (and logs it at Warn); run it yourself to decide when", quoteIdent(role))
+		ch.Fix = fmt.Sprintf("siphon runs ALTER ROLE %s WITH REPLICATION itself when it first needs it (and logs it at Warn); run it yourself to decide when", sqltext.Ident(role))
 	default:
 		ch.Status, ch.Found = CheckFailed, fmt.Sprintf("role %q lacks REPLICATION", role)
-		ch.Fix = fmt.Sprintf("have a superuser run ALTER ROLE %s WITH REPLICATION", quoteIdent(role))
+		ch.Fix = fmt.Sprintf("have a superuser run ALTER ROLE %s WITH REPLICATION", sqltext.Ident(role))
 	}
 	return []Check{ch}, nil
 }
@@ -460,7 +461,7 @@ func (c *Conn) applyChecks(ctx context.Context) ([]Check, error) {
 	case !role.replica:
 		replica.Status = CheckWarning
 		replica.Found = fmt.Sprintf("role %q may not set session_replication_role: apply refuses tables whose triggers, rules or foreign-key actions would fire", role.role)
-		replica.Fix = fmt.Sprintf("have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s", quoteIdent(role.role))
+		replica.Fix = fmt.Sprintf("have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s", sqltext.Ident(role.role))
 	}
 	return []Check{origins, replica}, nil
 }

@@ -7,9 +7,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
+	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
 
@@ -361,10 +364,10 @@ func (c *Conn) registerCapture(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	_, err = tx.Exec(ctx, `DO $add$ BEGIN
-		  IF EXISTS (SELECT FROM pg_publication WHERE pubname = `+quoteLiteral(c.opts.publication)+`)
-		     AND NOT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = `+quoteLiteral(c.opts.publication)+`
+		  IF EXISTS (SELECT FROM pg_publication WHERE pubname = `+sqltext.Literal(c.opts.publication)+`)
+		     AND NOT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = `+sqltext.Literal(c.opts.publication)+`
 		                     AND schemaname = 'siphon' AND tablename = '`+captureTableName+`') THEN
-		    ALTER PUBLICATION `+quoteIdent(c.opts.publication)+` ADD TABLE `+captureTable+`;
+		    ALTER PUBLICATION `+sqltext.Ident(c.opts.publication)+` ADD TABLE `+captureTable+`;
 		  END IF;
 		END $add$`)
 	return err
@@ -421,7 +424,7 @@ func (c *Conn) removeCapture(ctx context.Context, q querier) error {
 		                    WHERE NOT EXISTS (SELECT FROM pg_publication WHERE pubname = r.publication) RETURNING r.publication)
 		SELECT count(*) FROM siphon.capture_publications r
 		WHERE r.publication NOT IN (SELECT publication FROM gone) AND EXISTS (SELECT FROM pg_publication WHERE pubname = r.publication)`).Scan(&live)
-	if err != nil && !isCode(err, codeUndefinedTable) {
+	if err != nil && !pgerr.Is(err, pgerrcode.UndefinedTable) {
 		return err
 	}
 	if live > 0 {
@@ -437,7 +440,7 @@ func (c *Conn) removeCapture(ctx context.Context, q querier) error {
 	}
 	// The schema goes too when nothing else lives there (an apply's
 	// bookkeeping may).
-	if _, err := q.Exec(ctx, "DROP SCHEMA IF EXISTS siphon"); err != nil && !isCode(err, codeDependentObjects) {
+	if _, err := q.Exec(ctx, "DROP SCHEMA IF EXISTS siphon"); err != nil && !pgerr.Is(err, pgerrcode.DependentObjectsStillExist) {
 		return err
 	}
 	return nil
@@ -472,7 +475,7 @@ func (c *Conn) captureChecks(ctx context.Context) ([]Check, error) {
 		ch.Found = "not installed yet; the role is a superuser, so siphon installs it when it creates the publication or starts a stream"
 	default:
 		ch.Status = CheckWarning
-		ch.Found = "not installed for publication " + quoteLiteral(c.opts.publication) + ", and the role is not a superuser (event triggers need one): " + followed
+		ch.Found = "not installed for publication " + sqltext.Literal(c.opts.publication) + ", and the role is not a superuser (event triggers need one): " + followed
 		ch.Fix = "have a superuser call InstallSchemaCapture on a Conn with the same WithPublication, WithTables and WithKeylessTables"
 	}
 	return []Check{ch}, nil

@@ -186,5 +186,5 @@ func identityPart(name string) string {
 	if plain {
 		return name
 	}
-	return quoteIdent(name)
+	return sqltext.Ident(name)
 }

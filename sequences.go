@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // Sequences. Logical decoding does not carry sequences, so siphon reads
@@ -107,17 +110,17 @@ func readSequenceStates(ctx context.Context, q sequenceBatch, seqs []canonical.S
 	for _, s := range seqs {
 		// Reading the sequence relation gives last_value and is_called even
 		// when nextval was never called (pg_sequences shows NULL then).
-		b.Queue(`SELECT s.last_value, s.is_called, q.seqincrement FROM ` + quoteTable(s.TableName()) + ` s, pg_sequence q
-			WHERE q.seqrelid = ` + quoteLiteral(quoteTable(s.TableName())) + `::regclass`)
+		b.Queue(`SELECT s.last_value, s.is_called, q.seqincrement FROM ` + sqltext.Name(s.TableName().Schema, s.TableName().Name) + ` s, pg_sequence q
+			WHERE q.seqrelid = ` + sqltext.Literal(sqltext.Name(s.TableName().Schema, s.TableName().Name)) + `::regclass`)
 	}
 	br := q.SendBatch(ctx, b)
 	defer br.Close()
 	for i, s := range seqs {
 		err := br.QueryRow().Scan(&states[i].value, &states[i].called, &states[i].increment)
 		switch {
-		case isCode(err, codeUndefinedTable):
+		case pgerr.Is(err, pgerrcode.UndefinedTable):
 			return nil, &SchemaIncompatibleError{Table: s.TableName(), Problem: "the sequence does not exist in the target database: create it there (same DDL as the source)"}
-		case isCode(err, codeInsufficientPriv):
+		case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
 			return nil, &SchemaIncompatibleError{Table: s.TableName(), Problem: "the role may not read the sequence: GRANT SELECT, UPDATE ON it (its next values must stay past the source's)"}
 		}
 		if err != nil {
@@ -157,7 +160,7 @@ func advanceSequences(ctx context.Context, q sequenceBatch, seqs []canonical.Seq
 			behind = target.next() > source.next()
 		}
 		if behind {
-			b.Queue("SELECT setval($1::regclass, $2, $3)", quoteTable(s.TableName()), s.Value, s.Called)
+			b.Queue("SELECT setval($1::regclass, $2, $3)", sqltext.Name(s.TableName().Schema, s.TableName().Name), s.Value, s.Called)
 		}
 	}
 	if b.Len() == 0 {

@@ -13,11 +13,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
+	"github.com/siphondb/siphon/internal/sqltext"
+	"github.com/siphondb/siphon/internal/ulid"
 )
 
 // Slot creation waits for every transaction that holds a transaction ID, so
@@ -53,23 +57,8 @@ const (
 // makes: "siphon_" and a lowercase ULID. Only these are ever swept.
 // anyBaseSlotPattern matches their temporary slots too.
 var (
-	baseSlotPattern    = regexp.MustCompile(`^siphon_[0-9a-hjkmnp-tv-z]{26}$`)
-	anyBaseSlotPattern = regexp.MustCompile(`^siphon_(pending_)?[0-9a-hjkmnp-tv-z]{26}$`)
-)
-
-// SQLSTATE codes siphon acts on.
-const (
-	codeLockNotAvailable    = "55P03"
-	codeQueryCanceled       = "57014"
-	codeInsufficientPriv    = "42501"
-	codeConfigLimitExceeded = "53400"
-	codeTooManyConnections  = "53300"
-	codeDuplicateObject     = "42710"
-	codeUniqueViolation     = "23505"
-	codeUndefinedObject     = "42704"
-	codeUndefinedTable      = "42P01"
-	codeObjectInUse         = "55006"
-	codeDependentObjects    = "2BP01"
+	baseSlotPattern    = regexp.MustCompile(`^siphon_` + ulid.Pattern + `$`)
+	anyBaseSlotPattern = regexp.MustCompile(`^siphon_(pending_)?` + ulid.Pattern + `$`)
 )
 
 // Blocker is a session that held up slot creation, as pg_stat_activity
@@ -158,12 +147,12 @@ type slotSpec struct {
 
 func (s slotSpec) command() string {
 	if s.export {
-		return "CREATE_REPLICATION_SLOT " + quoteIdent(s.name) + " TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
+		return "CREATE_REPLICATION_SLOT " + sqltext.Ident(s.name) + " TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
 	}
 	if s.failover {
-		return "CREATE_REPLICATION_SLOT " + quoteIdent(s.name) + " LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)"
+		return "CREATE_REPLICATION_SLOT " + sqltext.Ident(s.name) + " LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)"
 	}
-	return "CREATE_REPLICATION_SLOT " + quoteIdent(s.name) + " LOGICAL pgoutput (SNAPSHOT 'nothing')"
+	return "CREATE_REPLICATION_SLOT " + sqltext.Ident(s.name) + " LOGICAL pgoutput (SNAPSHOT 'nothing')"
 }
 
 // createdSlot is what createSlot made, or found.
@@ -349,7 +338,7 @@ func (c *Conn) attemptSlot(ctx context.Context, spec slotSpec, deadline time.Tim
 		if err == nil {
 			return s, nil
 		}
-		if !spec.export && isCode(err, codeDuplicateObject) { // made meanwhile from another database
+		if !spec.export && pgerr.Is(err, pgerrcode.DuplicateObject) { // made meanwhile from another database
 			exists, err := checkSlot(ctx, lock.conn, spec.name)
 			return &createdSlot{existed: exists}, err
 		}
@@ -381,7 +370,7 @@ func (c *Conn) createOnce(ctx context.Context, lock *slotLock, spec slotSpec, de
 		return nil, ctx.Err()
 	case ctx.Err() != nil:
 		return nil, &attemptBlocked{blockers: blockers, cause: ctx.Err()}
-	case isCode(err, codeLockNotAvailable, codeQueryCanceled) || errors.Is(err, errNoAnswer):
+	case pgerr.Is(err, pgerrcode.LockNotAvailable, pgerrcode.QueryCanceled) || errors.Is(err, errNoAnswer):
 		if len(blockers) == 0 { // the wait was not caught: name every older transaction
 			blockers, _ = lock.query(olderTransactionsQuery, started)
 		}
@@ -475,7 +464,7 @@ func discard(lock *slotLock, repl *pgconn.PgConn) {
 // again, or the error to return.
 func (c *Conn) repair(ctx context.Context, lock *slotLock, err error, rep *repairs) (bool, error) {
 	switch {
-	case isCode(err, codeInsufficientPriv):
+	case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
 		if rep.privilege {
 			return false, c.noReplicationError(err, nil)
 		}
@@ -485,7 +474,7 @@ func (c *Conn) repair(ctx context.Context, lock *slotLock, err error, rep *repai
 		}
 		c.log.Warn("granted the REPLICATION privilege to siphon's role", "role", c.config.User)
 		return true, nil
-	case isCode(err, codeConfigLimitExceeded):
+	case pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded):
 		if !rep.slots {
 			rep.slots = true
 			dropped, sweepErr := sweepLocked(ctx, lock.conn, c.opts.slot)
@@ -501,7 +490,7 @@ func (c *Conn) repair(ctx context.Context, lock *slotLock, err error, rep *repai
 		lock.conn.QueryRow(ctx, "SELECT current_setting('max_replication_slots')").Scan(&limit)
 		return false, fmt.Errorf("all replication slots are in use (max_replication_slots = %s) and siphon has no orphan slot to drop:"+
 			" raise max_replication_slots (takes a server restart) or drop unused slots (see pg_replication_slots): %w", limit, err)
-	case isCode(err, codeTooManyConnections):
+	case pgerr.Is(err, pgerrcode.TooManyConnections):
 		return false, fmt.Errorf("no free WAL sender or connection: raise max_wal_senders (or max_connections), or end idle replication sessions: %w", err)
 	}
 	return false, err
@@ -512,7 +501,7 @@ func (c *Conn) noReplicationError(err, alterErr error) error {
 	if alterErr != nil {
 		msg += fmt.Sprintf(" and could not grant it to itself (%v)", alterErr)
 	}
-	return fmt.Errorf("%s: have a superuser run ALTER ROLE %s WITH REPLICATION: %w", msg, quoteIdent(c.config.User), err)
+	return fmt.Errorf("%s: have a superuser run ALTER ROLE %s WITH REPLICATION: %w", msg, sqltext.Ident(c.config.User), err)
 }
 
 // checkSlot reports whether the persistent slot exists; a slot of that name
@@ -552,19 +541,6 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func isCode(err error, codes ...string) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	for _, code := range codes {
-		if pgErr.Code == code {
-			return true
-		}
-	}
-	return false
-}
-
 func wrapSlotErr(op, slot string, err error) error {
 	if err == nil {
 		return nil
@@ -587,12 +563,6 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
-
-// quoteIdent quotes a SQL identifier, always.
-func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
-
-// quoteTable quotes a schema-qualified table name.
-func quoteTable(t canonical.TableName) string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
 
 // slotLock is a dedicated session holding the slot-management advisory
 // lock, at session level: outside any transaction, so that

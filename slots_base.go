@@ -2,17 +2,19 @@ package siphon
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
+	"github.com/siphondb/siphon/internal/sqltext"
+	"github.com/siphondb/siphon/internal/ulid"
 )
 
 // Slots that pin WAL: physical base slots, dropping, sweeping orphans, and
@@ -52,7 +54,7 @@ const pendingBasePrefix = "siphon_pending_"
 // [Conn.DropSlot] drops it. A missing REPLICATION privilege or a full
 // max_replication_slots is repaired once, as for logical slots.
 func (c *Conn) CreateBaseSlot(ctx context.Context) (*IncrementalBaseInfo, error) {
-	id := newULID(time.Now())
+	id := ulid.New(time.Now())
 	name, pending := "siphon_"+id, pendingBasePrefix+id
 	start := time.Now()
 	lock, err := c.lockSlots(ctx, start.Add(c.opts.slotRetry.MaxBlocked))
@@ -155,7 +157,7 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 	if held != nil {
 		if _, err := held.Exec(ctx, "SELECT pg_copy_physical_replication_slot($1, $2, false)", slot, info.Slot); err != nil {
 			hint := ""
-			if isCode(err, codeConfigLimitExceeded) {
+			if pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded) {
 				hint = ": completing a base slot takes one more slot for a moment; raise max_replication_slots, or drop unused slots"
 			}
 			return fmt.Errorf("siphon: capture base end of slot %q: make it permanent%s: %w", info.Slot, hint, err)
@@ -187,9 +189,9 @@ func (c *Conn) DropSlot(ctx context.Context, name string) error {
 	case err == nil:
 		c.log.Info("replication slot dropped", "slot", name)
 		return nil
-	case isCode(err, codeUndefinedObject):
+	case pgerr.Is(err, pgerrcode.UndefinedObject):
 		return nil
-	case isCode(err, codeObjectInUse):
+	case pgerr.Is(err, pgerrcode.ObjectInUse):
 		return fmt.Errorf("siphon: drop slot %q: %w (%v): stop the session that uses it first", name, ErrSlotInUse, err)
 	}
 	return fmt.Errorf("siphon: drop slot %q: %w", name, err)
@@ -247,7 +249,7 @@ func dropOrphans(ctx context.Context, q querier, names []string) ([]string, erro
 		switch {
 		case err == nil:
 			dropped = append(dropped, name)
-		case isCode(err, codeObjectInUse, codeUndefinedObject):
+		case pgerr.Is(err, pgerrcode.ObjectInUse, pgerrcode.UndefinedObject):
 		default:
 			return dropped, fmt.Errorf("drop slot %q: %w", name, err)
 		}
@@ -349,47 +351,13 @@ func (c *Conn) scanSlot(rows interface{ Scan(...any) error }) (SlotInfo, error) 
 	switch {
 	case typ == "physical":
 		s.Kind = SlotBase
-		s.CreatedAt, _ = ulidTime(strings.TrimPrefix(strings.TrimPrefix(s.Name, pendingBasePrefix), "siphon_"))
+		s.CreatedAt, _ = ulid.Time(strings.TrimPrefix(strings.TrimPrefix(s.Name, pendingBasePrefix), "siphon_"))
 	case s.Name == c.opts.slot:
 		s.Kind = SlotChangeStream
 	default:
 		s.Kind = SlotSnapshot
 	}
 	return s, nil
-}
-
-const ulidAlphabet = "0123456789abcdefghjkmnpqrstvwxyz" // Crockford base32, lower case
-
-// newULID returns a lowercase ULID: 48 bits of Unix milliseconds then 80
-// random bits, as 26 Crockford base32 characters that sort by time.
-func newULID(now time.Time) string {
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
-	rand.Read(b[6:])
-	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
-	var out [26]byte
-	for i := 25; i >= 0; i-- {
-		out[i] = ulidAlphabet[lo&31]
-		lo = lo>>5 | hi<<59
-		hi >>= 5
-	}
-	return string(out[:])
-}
-
-// ulidTime returns the time a ULID made by newULID carries.
-func ulidTime(id string) (time.Time, bool) {
-	if len(id) != 26 {
-		return time.Time{}, false
-	}
-	var ms uint64
-	for i := range 10 { // 50 bits: two zero bits and the 48-bit time
-		v := strings.IndexByte(ulidAlphabet, id[i])
-		if v < 0 {
-			return time.Time{}, false
-		}
-		ms = ms<<5 | uint64(v)
-	}
-	return time.UnixMilli(int64(ms)).UTC(), true
 }
 
 // asSlotBlocked turns a lock wait that ran out into a *SlotBlockedError.
@@ -437,8 +405,8 @@ func (c *Conn) Detach(ctx context.Context) error {
 	}
 	if len(others) > 0 {
 		c.log.Info("publication kept: other slots of this database may read it", "publication", c.opts.publication, "slots", others)
-	} else if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+quoteIdent(c.opts.publication)+", "+
-		quoteIdent(c.opts.publication+insertsSuffix)); err != nil {
+	} else if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(c.opts.publication)+", "+
+		sqltext.Ident(c.opts.publication+insertsSuffix)); err != nil {
 		return fmt.Errorf("siphon: detach: drop publication %q: %w", c.opts.publication, err)
 	}
 	if err := c.removeCapture(ctx, lock.conn); err != nil {

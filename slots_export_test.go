@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/ulid"
 )
 
 // What the external tests of slots.go need from the inside.
@@ -41,8 +42,7 @@ func (c *Conn) DropOrphansForTest(ctx context.Context, names []string) ([]string
 
 // NewULIDForTest and ULIDTimeForTest expose the ULID helpers.
 var (
-	NewULIDForTest  = newULID
-	ULIDTimeForTest = ulidTime
+	NewULIDForTest = ulid.New
 )
 
 // SlotLockKeyForTest is the slot-management advisory lock key.

@@ -7,9 +7,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // The publication selects what the change stream carries. It is created
@@ -137,7 +140,7 @@ func (c *Conn) ensurePublication(ctx context.Context) error {
 		return err
 	}
 	if err != nil {
-		if isCode(err, codeDuplicateObject, codeUniqueViolation) { // created meanwhile
+		if pgerr.Is(err, pgerrcode.DuplicateObject, pgerrcode.UniqueViolation) { // created meanwhile
 			_, err := c.checkPublication(ctx)
 			return err
 		}
@@ -146,7 +149,7 @@ func (c *Conn) ensurePublication(ctx context.Context) error {
 			return err
 		}
 		hint := ""
-		if isCode(err, codeInsufficientPriv) {
+		if pgerr.Is(err, pgerrcode.InsufficientPrivilege) {
 			hint = ": the role must own the tables (or be a superuser), and have CREATE on the database"
 		}
 		return fmt.Errorf("siphon: create publication %q%s: %w", c.opts.publication, hint, err)
@@ -171,7 +174,7 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx) error {
 	if err := setReplicaIdentityFull(ctx, tx, p.full); err != nil {
 		return err
 	}
-	stmt := "CREATE PUBLICATION " + quoteIdent(c.opts.publication)
+	stmt := "CREATE PUBLICATION " + sqltext.Ident(c.opts.publication)
 	if len(p.main) > 0 {
 		stmt += " FOR TABLE " + tableList(p.main)
 	}
@@ -179,7 +182,7 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	if c.opts.keyless == KeylessInsertsOnly {
-		stmt := "CREATE PUBLICATION " + quoteIdent(c.opts.publication+insertsSuffix)
+		stmt := "CREATE PUBLICATION " + sqltext.Ident(c.opts.publication+insertsSuffix)
 		if len(p.inserts) > 0 {
 			stmt += " FOR TABLE " + tableList(p.inserts)
 		}
@@ -216,7 +219,7 @@ func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.T
 	for _, t := range tables {
 		rows, err := q.Query(ctx, `SELECT l.oid::regclass::text FROM pg_class l
 			WHERE (l.oid = $1::regclass AND l.relkind = 'r' OR l.oid IN (SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf))
-			  AND l.relreplident <> 'f'`, quoteTable(t))
+			  AND l.relreplident <> 'f'`, sqltext.Name(t.Schema, t.Name))
 		if err != nil {
 			return fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
 		}
@@ -410,7 +413,7 @@ func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.Tabl
 		if len(ts) == 0 {
 			return nil
 		}
-		_, err := tx.Exec(ctx, "ALTER PUBLICATION "+quoteIdent(pub)+" "+verb+" TABLE "+tableList(ts))
+		_, err := tx.Exec(ctx, "ALTER PUBLICATION "+sqltext.Ident(pub)+" "+verb+" TABLE "+tableList(ts))
 		return err
 	}
 	missing := func(want, have []canonical.TableName) []canonical.TableName {
@@ -459,7 +462,7 @@ func tableList(ts []canonical.TableName) string {
 	}
 	s := make([]string, len(ts))
 	for i, t := range ts {
-		s[i] = quoteTable(t)
+		s[i] = sqltext.Name(t.Schema, t.Name)
 	}
 	return strings.Join(s, ", ")
 }

@@ -6,9 +6,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // copyGroup is one table of the schema and the relations whose rows are
@@ -294,14 +297,14 @@ func newRelPlan(g *copyGroup, r *relAtSnapshot) (*relPlan, error) {
 		}
 		if k, ok := binaryKinds[c.base]; ok {
 			rel.kinds = append(rel.kinds, k)
-			sel.WriteString(quoteIdent(c.name))
+			sel.WriteString(sqltext.Ident(c.name))
 			continue
 		}
 		// The output function prints exactly what pgoutput sends; a cast to
 		// text may not (bool, inet, bpchar...). Its cstring result is sent as
 		// the text itself.
 		rel.kinds = append(rel.kinds, kindText)
-		sel.WriteString(c.output + "(" + quoteIdent(c.name) + ")")
+		sel.WriteString(c.output + "(" + sqltext.Ident(c.name) + ")")
 	}
 	rel.selectList = sel.String()
 	return rel, nil
@@ -313,13 +316,13 @@ func newRelPlan(g *copyGroup, r *relAtSnapshot) (*relPlan, error) {
 func lockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan) error {
 	batch := &pgx.Batch{}
 	for _, r := range rels {
-		batch.Queue("LOCK TABLE ONLY " + quoteTable(r.name) + " IN ACCESS SHARE MODE")
+		batch.Queue("LOCK TABLE ONLY " + sqltext.Name(r.name.Schema, r.name.Name) + " IN ACCESS SHARE MODE")
 	}
 	res := tx.SendBatch(ctx, batch)
 	defer res.Close()
 	for _, r := range rels {
 		if _, err := res.Exec(); err != nil {
-			if isCode(err, codeUndefinedTable) {
+			if pgerr.Is(err, pgerrcode.UndefinedTable) {
 				return &SchemaIncompatibleError{Table: r.name, Problem: "the table was renamed or dropped after the snapshot"}
 			}
 			return fmt.Errorf("lock %s: %w", r.name, err)
@@ -333,8 +336,8 @@ func lockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan) error {
 // that queued in between would make this session wait for it while it waits
 // for the copy: fail instead of deadlocking.
 func lockRelationNoWait(ctx context.Context, tx *pgx.Conn, r *relPlan) error {
-	_, err := tx.Exec(ctx, "LOCK TABLE ONLY "+quoteTable(r.name)+" IN ACCESS SHARE MODE NOWAIT")
-	if isCode(err, codeLockNotAvailable) {
+	_, err := tx.Exec(ctx, "LOCK TABLE ONLY "+sqltext.Name(r.name.Schema, r.name.Name)+" IN ACCESS SHARE MODE NOWAIT")
+	if pgerr.Is(err, pgerrcode.LockNotAvailable) {
 		return &SchemaIncompatibleError{Table: r.name, Problem: "a statement that needs an ACCESS EXCLUSIVE lock (ALTER TABLE, VACUUM FULL, TRUNCATE, CLUSTER...) is waiting for the table: the copy stops rather than deadlock with it; copy again once that statement is done"}
 	}
 	if err != nil {
@@ -364,7 +367,7 @@ ORDER BY q.i`
 func (c *Conn) checkCurrent(ctx context.Context, rels []*relPlan) error {
 	names := make([]string, len(rels))
 	for i, r := range rels {
-		names[i] = quoteTable(r.name)
+		names[i] = sqltext.Name(r.name.Schema, r.name.Name)
 	}
 	rows, err := c.pool.Query(ctx, currentQuery, names)
 	if err != nil {
@@ -492,7 +495,7 @@ func (t *copyTask) copySQL(withCTID bool) string {
 	if withCTID {
 		list = "ctid, " + list
 	}
-	q := "COPY (SELECT " + list + " FROM ONLY " + quoteTable(t.rel.name)
+	q := "COPY (SELECT " + list + " FROM ONLY " + sqltext.Name(t.rel.name.Schema, t.rel.name.Name)
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -503,7 +506,7 @@ func (t *copyTask) copySQL(withCTID bool) string {
 // with the settings that make scans return rows in physical order.
 func importSnapshot(ctx context.Context, conn *pgx.Conn, name string) error {
 	_, err := conn.PgConn().Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "+
-		"SET TRANSACTION SNAPSHOT "+quoteLiteral(name)+"; "+
+		"SET TRANSACTION SNAPSHOT "+sqltext.Literal(name)+"; "+
 		"SET LOCAL synchronize_seqscans = off; SET LOCAL max_parallel_workers_per_gather = 0; "+
 		"SET LOCAL enable_indexscan = off; SET LOCAL enable_indexonlyscan = off; SET LOCAL enable_bitmapscan = off; "+
 		// Fail rather than copy only the rows a row-level security policy

@@ -10,11 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/pgoutput"
 	"github.com/siphondb/siphon/pgdump"
 )
@@ -513,7 +515,7 @@ func wrapStreamError(err error, pos canonical.Position) error {
 		return err
 	case errors.As(err, &emitE):
 		return emitE
-	case isCode(err, codeObjectInUse): // the slot was taken meanwhile
+	case pgerr.Is(err, pgerrcode.ObjectInUse): // the slot was taken meanwhile
 		return fmt.Errorf("siphon: stream changes: %w: %v", ErrSlotInUse, err)
 	case isInterruption(err):
 		return &StreamInterruptedError{Position: pos, Err: err}
@@ -528,13 +530,8 @@ func isInterruption(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "57", "08": // operator intervention, connection exception
-			return true
-		}
-		return pgErr.Code == codeTooManyConnections
+	if pgerr.Code(err) != "" {
+		return pgerr.IsInterruption(err)
 	}
 	var netErr net.Error
 	var connectErr *pgconn.ConnectError

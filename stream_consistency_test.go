@@ -18,6 +18,7 @@ import (
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // workloadSchema has a table per way of logging old rows.
@@ -67,10 +68,10 @@ func (w *worker) op() (string, func()) {
 			n = fmt.Sprintf("%d.%03d", w.rng.IntN(1e6), w.rng.IntN(1000))
 		}
 		return fmt.Sprintf(`INSERT INTO w_kv VALUES (%d, %s, %s, '2026-01-01 00:00:00+00'::timestamptz + interval '%d seconds')`,
-			id, quoteLiteral(w.text()), n, w.rng.IntN(1e8)), func() { w.kv = append(w.kv, id) }
+			id, sqltext.Literal(w.text()), n, w.rng.IntN(1e8)), func() { w.kv = append(w.kv, id) }
 	case r < 8:
 		_, k := pick(w.rng, w.kv)
-		return fmt.Sprintf(`UPDATE w_kv SET v = %s WHERE id = %d`, quoteLiteral(w.text()), k), func() {}
+		return fmt.Sprintf(`UPDATE w_kv SET v = %s WHERE id = %d`, sqltext.Literal(w.text()), k), func() {}
 	case r < 9:
 		_, k := pick(w.rng, w.kv)
 		return fmt.Sprintf(`UPDATE w_kv SET id = %d WHERE id = %d`, id, k), func() { replaceID(w.kv, k, id) }
@@ -84,26 +85,26 @@ func (w *worker) op() (string, func()) {
 		_, k := pick(w.rng, w.toast)
 		return fmt.Sprintf(`UPDATE w_toast SET a = a + 1 WHERE id = %d`, k), func() {}
 	case r < 14 && w.truncs:
-		return fmt.Sprintf(`INSERT INTO w_full VALUES (%d, %s)`, id, quoteLiteral(w.text())), func() { w.full = append(w.full, id) }
+		return fmt.Sprintf(`INSERT INTO w_full VALUES (%d, %s)`, id, sqltext.Literal(w.text())), func() { w.full = append(w.full, id) }
 	case r < 15 && len(w.full) > 0:
 		_, k := pick(w.rng, w.full)
-		return fmt.Sprintf(`UPDATE w_full SET b = %s WHERE a = %d`, quoteLiteral(w.text()), k), func() {}
+		return fmt.Sprintf(`UPDATE w_full SET b = %s WHERE a = %d`, sqltext.Literal(w.text()), k), func() {}
 	case r < 16 && len(w.full) > 0:
 		_, k := pick(w.rng, w.full)
 		return fmt.Sprintf(`DELETE FROM w_full WHERE a = %d`, k), func() { w.full = removeID(w.full, k) }
 	case r < 17:
-		return fmt.Sprintf(`INSERT INTO w_idx VALUES (%d, %s, %s)`, id, quoteLiteral(fmt.Sprint("k", id)), quoteLiteral(w.text())),
+		return fmt.Sprintf(`INSERT INTO w_idx VALUES (%d, %s, %s)`, id, sqltext.Literal(fmt.Sprint("k", id)), sqltext.Literal(w.text())),
 			func() { w.idx = append(w.idx, id) }
 	case r < 18 && len(w.idx) > 0:
 		_, k := pick(w.rng, w.idx)
 		if w.rng.IntN(2) == 0 {
-			return fmt.Sprintf(`UPDATE w_idx SET c = %s WHERE a = %d`, quoteLiteral(w.text()), k), func() {}
+			return fmt.Sprintf(`UPDATE w_idx SET c = %s WHERE a = %d`, sqltext.Literal(w.text()), k), func() {}
 		}
 		return fmt.Sprintf(`DELETE FROM w_idx WHERE a = %d`, k), func() { w.idx = removeID(w.idx, k) }
 	case r < 19 && w.truncs && w.rng.IntN(4) == 0:
 		return `TRUNCATE w_full`, func() { w.full = nil }
 	default:
-		return fmt.Sprintf(`SELECT pg_logical_emit_message(true, 'app', %s)`, quoteLiteral(w.text())), func() {}
+		return fmt.Sprintf(`SELECT pg_logical_emit_message(true, 'app', %s)`, sqltext.Literal(w.text())), func() {}
 	}
 }
 
@@ -116,8 +117,6 @@ func replaceID(ids []int, old, id int) {
 func removeID(ids []int, id int) []int {
 	return slices.DeleteFunc(ids, func(x int) bool { return x == id })
 }
-
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // transaction runs one random transaction; it commits (returning its xid
 // and whether it changed anything) or, one time in ten, rolls back. Some statements run in a subtransaction
