@@ -4,145 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 
-	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/siphondb/siphon/internal/copytext"
 )
-
-// valueKind says how a column's binary COPY field becomes canonical text.
-// Every kind produces exactly what the type's output function prints under
-// siphon's session settings; a test checks each against the server.
-type valueKind uint8
-
-const (
-	// kindText: the field already is the text. This covers text, varchar,
-	// bpchar (padded as stored), name, json, and every column selected
-	// through its type's output function (a cstring, sent as its text).
-	kindText valueKind = iota
-	kindBool
-	kindChar // "char": one byte, octal escape when the high bit is set
-	kindInt2
-	kindInt4
-	kindInt8
-	kindOID
-	kindBytea // \x and lowercase hex
-	kindUUID
-	kindJSONB // a version byte, then the text
-	kindFloat4
-	kindFloat8
-	kindNumeric
-	kindDate
-	kindTimestamp
-	kindTimestamptz
-)
-
-// binaryKinds maps the base type OIDs whose send format siphon converts to
-// output text in Go. Every other type is selected through its output
-// function, which the server runs.
-var binaryKinds = map[uint32]valueKind{
-	pgtype.BoolOID:        kindBool,
-	pgtype.ByteaOID:       kindBytea,
-	pgtype.QCharOID:       kindChar,
-	pgtype.NameOID:        kindText,
-	pgtype.Int8OID:        kindInt8,
-	pgtype.Int2OID:        kindInt2,
-	pgtype.Int4OID:        kindInt4,
-	pgtype.TextOID:        kindText,
-	pgtype.OIDOID:         kindOID,
-	pgtype.JSONOID:        kindText,
-	pgtype.Float4OID:      kindFloat4,
-	pgtype.Float8OID:      kindFloat8,
-	pgtype.BPCharOID:      kindText, // sent padded, as bpcharout prints it
-	pgtype.VarcharOID:     kindText,
-	pgtype.DateOID:        kindDate,
-	pgtype.TimestampOID:   kindTimestamp,
-	pgtype.TimestamptzOID: kindTimestamptz,
-	pgtype.NumericOID:     kindNumeric,
-	pgtype.UUIDOID:        kindUUID,
-	pgtype.JSONBOID:       kindJSONB,
-}
-
-// appendValue appends the output text of one binary field of kind k to dst.
-func appendValue(dst []byte, k valueKind, src []byte) ([]byte, error) {
-	switch k {
-	case kindText:
-		return append(dst, src...), nil
-	case kindBool:
-		if len(src) != 1 {
-			break
-		}
-		if src[0] != 0 {
-			return append(dst, 't'), nil
-		}
-		return append(dst, 'f'), nil
-	case kindChar:
-		if len(src) != 1 {
-			break
-		}
-		switch c := src[0]; {
-		case c == 0:
-			return dst, nil
-		case c >= 0x80:
-			return append(dst, '\\', '0'+c>>6, '0'+(c>>3)&7, '0'+c&7), nil
-		default:
-			return append(dst, c), nil
-		}
-	case kindInt2:
-		if len(src) != 2 {
-			break
-		}
-		return strconv.AppendInt(dst, int64(int16(binary.BigEndian.Uint16(src))), 10), nil
-	case kindInt4:
-		if len(src) != 4 {
-			break
-		}
-		return strconv.AppendInt(dst, int64(int32(binary.BigEndian.Uint32(src))), 10), nil
-	case kindInt8:
-		if len(src) != 8 {
-			break
-		}
-		return strconv.AppendInt(dst, int64(binary.BigEndian.Uint64(src)), 10), nil
-	case kindOID:
-		if len(src) != 4 {
-			break
-		}
-		return strconv.AppendUint(dst, uint64(binary.BigEndian.Uint32(src)), 10), nil
-	case kindBytea:
-		return appendHex(append(dst, '\\', 'x'), src), nil
-	case kindUUID:
-		if len(src) != 16 {
-			break
-		}
-		dst = appendHex(dst, src[0:4])
-		dst = appendHex(append(dst, '-'), src[4:6])
-		dst = appendHex(append(dst, '-'), src[6:8])
-		dst = appendHex(append(dst, '-'), src[8:10])
-		return appendHex(append(dst, '-'), src[10:16]), nil
-	case kindJSONB:
-		if len(src) < 1 || src[0] != 1 {
-			return dst, errors.New("jsonb: unknown binary format version")
-		}
-		return append(dst, src[1:]...), nil
-	case kindFloat4, kindFloat8:
-		return appendFloat(dst, k, src)
-	case kindNumeric:
-		return appendNumeric(dst, src)
-	case kindDate:
-		return appendDate(dst, src)
-	case kindTimestamp, kindTimestamptz:
-		return appendTimestamp(dst, src, k == kindTimestamptz)
-	}
-	return dst, fmt.Errorf("unexpected binary value of %d bytes", len(src))
-}
-
-const hexDigits = "0123456789abcdef"
-
-func appendHex(dst, src []byte) []byte {
-	for _, b := range src {
-		dst = append(dst, hexDigits[b>>4], hexDigits[b&15])
-	}
-	return dst
-}
 
 // copySignature starts every binary COPY stream.
 const copySignature = "PGCOPY\n\xff\r\n\x00"
@@ -153,7 +17,7 @@ const copySignature = "PGCOPY\n\xff\r\n\x00"
 // field is its ctid, checked to increase; the other fields are the copied
 // columns, converted to canonical text and collected into batches.
 type copyParser struct {
-	kinds    []valueKind
+	kinds    []copytext.Kind
 	withCTID bool
 	header   bool // the header was read
 	ended    bool // the trailer was read
@@ -285,7 +149,7 @@ func (p *copyParser) tuple(buf []byte) (int, error) {
 		}
 		start := len(b.buf)
 		var err error
-		if b.buf, err = appendValue(b.buf, k, buf[at:at+int(l)]); err != nil {
+		if b.buf, err = copytext.Append(b.buf, k, buf[at:at+int(l)]); err != nil {
 			return 0, err
 		}
 		b.spans = append(b.spans, span{start: int32(start), end: int32(len(b.buf))})

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/copytext"
 	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/sqltext"
 )
@@ -30,7 +31,7 @@ type relPlan struct {
 	group *copyGroup
 	name  canonical.TableName
 	snap  relAtSnapshot
-	kinds []valueKind
+	kinds []copytext.Kind
 	// selectList is "<column or output function call>, ..." .
 	selectList string
 	checkpoint TableCheckpoint // where its copy stands before this run
@@ -295,7 +296,7 @@ func newRelPlan(g *copyGroup, r *relAtSnapshot) (*relPlan, error) {
 		if i > 0 {
 			sel.WriteString(", ")
 		}
-		if k, ok := binaryKinds[c.base]; ok {
+		if k, ok := copytext.KindOf(c.base); ok {
 			rel.kinds = append(rel.kinds, k)
 			sel.WriteString(sqltext.Ident(c.name))
 			continue
@@ -303,7 +304,7 @@ func newRelPlan(g *copyGroup, r *relAtSnapshot) (*relPlan, error) {
 		// The output function prints exactly what pgoutput sends; a cast to
 		// text may not (bool, inet, bpchar...). Its cstring result is sent as
 		// the text itself.
-		rel.kinds = append(rel.kinds, kindText)
+		rel.kinds = append(rel.kinds, copytext.Text)
 		sel.WriteString(c.output + "(" + sqltext.Ident(c.name) + ")")
 	}
 	rel.selectList = sel.String()

@@ -1,4 +1,4 @@
-package siphon
+package copytext
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ import (
 // the float and a neighbour (it does not trust every platform's input to
 // round such a tie to even), where Go's shortest may: then one more digit at
 // a time until the text is strictly closer to the float.
-func appendFloat(dst []byte, k valueKind, src []byte) ([]byte, error) {
+func appendFloat(dst []byte, k Kind, src []byte) ([]byte, error) {
 	var (
 		f        float64
 		bits     = 64
@@ -33,9 +33,9 @@ func appendFloat(dst []byte, k valueKind, src []byte) ([]byte, error) {
 		tieAbove = float64(1 << 53) // no tie has few enough digits below
 	)
 	switch {
-	case k == kindFloat4 && len(src) == 4:
+	case k == Float4 && len(src) == 4:
 		f, bits, fixedMax, tieAbove = float64(math.Float32frombits(binary.BigEndian.Uint32(src))), 32, 6, 1<<24
-	case k == kindFloat8 && len(src) == 8:
+	case k == Float8 && len(src) == 8:
 		f = math.Float64frombits(binary.BigEndian.Uint64(src))
 	default:
 		return dst, fmt.Errorf("unexpected binary float of %d bytes", len(src))
