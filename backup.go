@@ -280,7 +280,7 @@ func (c *Conn) dropFailedBase(slot string) {
 // identifySystem reads the system identifier, timeline and server version
 // with IDENTIFY_SYSTEM on a replication session of its own.
 func (c *Conn) identifySystem(ctx context.Context) (streamInfo, error) {
-	repl, err := c.newReplicationSession(ctx)
+	repl, err := c.newReplicationSession(ctx, nil)
 	if err != nil {
 		return streamInfo{}, err
 	}

@@ -311,6 +311,33 @@ func (e *SlotBlockedError) Error() string {
 	return b.String()
 }
 
+// SlotConfigError reports a slot of the name siphon was given ([WithSlot])
+// that exists but cannot be streamed from: a physical slot, one of another
+// database or another output plugin, or another session's temporary slot.
+// siphon never drops or changes it.
+type SlotConfigError struct {
+	Slot    string
+	Problem string // what is wrong with it: "is a physical slot", ...
+}
+
+func (e *SlotConfigError) Error() string {
+	return fmt.Sprintf("siphon: a slot named %q exists but %s: name another slot with WithSlot, or drop that one if it is unused", e.Slot, e.Problem)
+}
+
+// PublicationMissingError reports a change stream's slot whose publication
+// is gone: the slot holds changes a publication of that name selected when
+// they were written, and one created now would not select the changes
+// written before it.
+type PublicationMissingError struct {
+	Publication string
+	Slot        string
+}
+
+func (e *PublicationMissingError) Error() string {
+	return fmt.Sprintf("siphon: publication %q does not exist but slot %q does: drop the slot (Detach), "+
+		"then take a new snapshot or full backup and stream from its Position", e.Publication, e.Slot)
+}
+
 // PublicationMismatchError reports a publication that exists but does not
 // publish what siphon was configured for, or that tables have drifted away
 // from (created after it, or without a usable replica identity while they

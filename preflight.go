@@ -394,7 +394,7 @@ func (c *Conn) canCreatePublication(ctx context.Context, tables []userTable) (fo
 
 // slotCheck reports the persistent slot's state.
 func (c *Conn) slotCheck(ctx context.Context) ([]Check, error) {
-	s, err := c.readSlot(ctx)
+	s, err := readSlotRow(ctx, c.pool, c.opts.slot)
 	if err != nil {
 		return nil, err
 	}

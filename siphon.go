@@ -163,6 +163,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 
@@ -483,13 +484,24 @@ func (c *Conn) newSessionIn(ctx context.Context, database string) (*pgx.Conn, er
 
 // newReplicationSession opens a logical replication session
 // (replication=database) with siphon's session settings, which the
-// walsender's output functions use too.
-func (c *Conn) newReplicationSession(ctx context.Context) (*pgconn.PgConn, error) {
+// walsender's output functions use too. wrap, when not nil, wraps the
+// socket of each connection attempt.
+func (c *Conn) newReplicationSession(ctx context.Context, wrap func(net.Conn) net.Conn) (*pgconn.PgConn, error) {
 	if c.pool.closed.Load() {
 		return nil, ErrClosed
 	}
 	config := c.config.Config.Copy()
 	config.RuntimeParams["replication"] = "database"
+	if wrap != nil {
+		dial := config.DialFunc
+		config.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return wrap(conn), nil
+		}
+	}
 	conn, err := pgconn.ConnectConfig(ctx, config)
 	if err != nil {
 		return nil, fmt.Errorf("open replication session: %w", err)

@@ -355,7 +355,7 @@ func (c *Conn) attemptSlot(ctx context.Context, spec slotSpec, deadline time.Tim
 // session is closed and its walsender ended.
 func (c *Conn) createOnce(ctx context.Context, lock *slotLock, spec slotSpec, deadline time.Time, floor time.Duration) (*createdSlot, error) {
 	started := time.Now()
-	repl, err := c.newReplicationSession(ctx)
+	repl, err := c.newReplicationSession(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -504,34 +504,79 @@ func (c *Conn) noReplicationError(err, alterErr error) error {
 	return fmt.Errorf("%s: have a superuser run ALTER ROLE %s WITH REPLICATION: %w", msg, sqltext.Ident(c.config.User), err)
 }
 
-// checkSlot reports whether the persistent slot exists; a slot of that name
-// that siphon cannot stream from is an error.
-func checkSlot(ctx context.Context, q querier, name string) (bool, error) {
-	var typ, plugin, database string
-	var temporary, here bool
-	err := q.QueryRow(ctx, `SELECT slot_type, coalesce(plugin, ''), coalesce(database, ''), temporary,
-		coalesce(database = current_database(), false) FROM pg_replication_slots WHERE slot_name = $1`, name).
-		Scan(&typ, &plugin, &database, &temporary, &here)
+// slotRow is a slot's row in pg_replication_slots, as siphon reads it.
+type slotRow struct {
+	exists    bool
+	physical  bool
+	plugin    string
+	database  string
+	here      bool // the slot is of the session's database
+	temporary bool
+	active    bool
+	confirmed canonical.Position
+	walStatus string
+}
+
+// readSlotRow reads the slot name's row; exists is false when there is none.
+func readSlotRow(ctx context.Context, q querier, name string) (slotRow, error) {
+	var (
+		s         slotRow
+		typ       string
+		confirmed *string
+		walStatus *string
+	)
+	err := q.QueryRow(ctx, `SELECT slot_type, coalesce(plugin, ''), coalesce(database, ''),
+			coalesce(database = current_database(), false), temporary, active, confirmed_flush_lsn::text, wal_status
+		FROM pg_replication_slots WHERE slot_name = $1`, name).
+		Scan(&typ, &s.plugin, &s.database, &s.here, &s.temporary, &s.active, &confirmed, &walStatus)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		return s, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("look up slot: %w", err)
+		return s, fmt.Errorf("read slot %q: %w", name, err)
 	}
+	s.exists, s.physical = true, typ == "physical"
+	if walStatus != nil {
+		s.walStatus = *walStatus
+	}
+	if confirmed != nil {
+		if s.confirmed, err = canonical.ParsePosition(*confirmed); err != nil {
+			return s, fmt.Errorf("read slot %q: %w", name, err)
+		}
+	}
+	return s, nil
+}
+
+// unusable returns a *SlotConfigError when the existing slot name cannot
+// be streamed from by this session's database, nil when it can.
+func (s slotRow) unusable(name string) error {
 	var problem string
 	switch {
-	case typ != "logical":
+	case s.physical:
 		problem = "is a physical slot"
-	case !here:
-		problem = fmt.Sprintf("belongs to database %q", database)
-	case plugin != "pgoutput":
-		problem = fmt.Sprintf("uses output plugin %q, not pgoutput", plugin)
-	case temporary:
+	case !s.here:
+		problem = fmt.Sprintf("belongs to database %q", s.database)
+	case s.plugin != "pgoutput":
+		problem = fmt.Sprintf("uses output plugin %q, not pgoutput", s.plugin)
+	case s.temporary:
 		problem = "is a temporary slot of another session"
 	default:
-		return true, nil
+		return nil
 	}
-	return false, fmt.Errorf("a slot of that name exists but %s: name another slot with WithSlot, or drop that one if it is unused", problem)
+	return &SlotConfigError{Slot: name, Problem: problem}
+}
+
+// checkSlot reports whether the persistent slot name exists; one that
+// siphon cannot stream from is a *SlotConfigError.
+func checkSlot(ctx context.Context, q querier, name string) (bool, error) {
+	s, err := readSlotRow(ctx, q, name)
+	if err != nil || !s.exists {
+		return false, err
+	}
+	if err := s.unusable(name); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // querier is what *pgx.Conn and *pgxpool.Pool have in common.

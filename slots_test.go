@@ -121,20 +121,52 @@ func TestEnsureSlotRejectsAnotherSlotOfTheSameName(t *testing.T) {
 	other, err := pgx.Connect(ctx, otherDSN)
 	require.NoError(t, err)
 	defer other.Close(ctx)
-	execSQL(t, admin, "SELECT pg_create_logical_replication_slot('decoding_slot', 'test_decoding')")
+	physical := streamSlot(t)
+	execSQL(t, admin, "SELECT pg_create_logical_replication_slot('decoding_slot', 'test_decoding')",
+		"SELECT pg_create_physical_replication_slot('"+physical+"')")
 	execSQL(t, other, "SELECT pg_create_logical_replication_slot('elsewhere_slot', 'pgoutput')")
+	defer execSQL(t, admin, "SELECT pg_drop_replication_slot('"+physical+"')")
 
 	for slot, problem := range map[string]string{
 		"decoding_slot":  `uses output plugin "test_decoding"`,
 		"elsewhere_slot": "belongs to database",
+		physical:         "is a physical slot",
 	} {
 		c := connect(t, dsn, siphon.WithSlot(slot))
-		_, _, err := c.EnsureSlotForTest(ctx)
-		assert.ErrorContains(t, err, problem)
-		assert.ErrorContains(t, err, "WithSlot")
+		_, _, ensureErr := c.EnsureSlotForTest(ctx)
+		_, streamErr := c.StreamChanges(ctx, 0, func(canonical.Change) error { return nil })
+		for what, err := range map[string]error{"creating the slot": ensureErr, "streaming": streamErr} {
+			var config *siphon.SlotConfigError
+			require.ErrorAs(t, err, &config, "%s with slot %s", what, slot)
+			assert.Equal(t, slot, config.Slot)
+			assert.Contains(t, config.Problem, problem)
+			assert.ErrorContains(t, err, "WithSlot")
+		}
 		require.NoError(t, c.Close())
 	}
 	assertNoLeaks(t, dsn, "decoding_slot")
+}
+
+// TestStreamRefusesASlotWithoutItsPublication drops the publication of a
+// stream's slot: the stream stops with a *PublicationMissingError saying
+// what to do, and streams nothing.
+func TestStreamRefusesASlotWithoutItsPublication(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
+	c, slot, start := streamConnAt(t, dsn, siphon.WithPublication("pub_gone"))
+	execSQL(t, admin, "INSERT INTO t VALUES (1)", "DROP PUBLICATION pub_gone")
+	delivered := 0
+	_, err := c.StreamChanges(ctx, start, func(canonical.Change) error { delivered++; return nil })
+	var missing *siphon.PublicationMissingError
+	require.ErrorAs(t, err, &missing)
+	assert.Equal(t, siphon.PublicationMissingError{Publication: "pub_gone", Slot: slot}, *missing)
+	assert.ErrorContains(t, err, "Detach")
+	assert.Zero(t, delivered)
+	require.NoError(t, c.DropSlot(ctx, slot))
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn)
 }
 
 // TestSlotCreationBlocked runs on a private server: a transaction holding

@@ -209,59 +209,25 @@ type streamResult struct {
 	reachedBound bool
 }
 
-// replSlotState is the slot's row in pg_replication_slots.
-type replSlotState struct {
-	exists    bool
-	confirmed canonical.Position
-	walStatus string
-	active    bool
-	plugin    string
-	// sameDatabase is false for a slot of another database.
-	sameDatabase bool
-}
-
-func (c *Conn) readSlot(ctx context.Context) (replSlotState, error) {
-	var (
-		s         replSlotState
-		confirmed *string
-		walStatus *string
-	)
-	err := c.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, wal_status, active, coalesce(plugin, ''),
-			coalesce(database, '') = current_database()
-		FROM pg_replication_slots WHERE slot_name = $1`, c.opts.slot).
-		Scan(&confirmed, &walStatus, &s.active, &s.plugin, &s.sameDatabase)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return s, nil
-	}
-	if err != nil {
-		return s, fmt.Errorf("read slot %q: %w", c.opts.slot, err)
-	}
-	s.exists = true
-	if walStatus != nil {
-		s.walStatus = *walStatus
-	}
-	if confirmed != nil {
-		if s.confirmed, err = canonical.ParsePosition(*confirmed); err != nil {
-			return s, fmt.Errorf("read slot %q: %w", c.opts.slot, err)
-		}
-	}
-	return s, nil
-}
-
 // slotInUseWait bounds how long stream waits for a slot that is active,
 // which is mostly a walsender of an interrupted stream still exiting.
 const slotInUseWait = 5 * time.Second
 
-// checkSlot reads the slot, creating it when from is zero and it is
-// missing, waits a moment for an active slot to be released, and applies
+// streamSlot reads the stream's slot, creating it when from is zero and it
+// is missing, waits a moment for an active slot to be released, and applies
 // the resume rules that can be decided before streaming.
-func (c *Conn) checkSlot(ctx context.Context, from canonical.Position) (replSlotState, error) {
+func (c *Conn) streamSlot(ctx context.Context, from canonical.Position) (slotRow, error) {
 	deadline := time.Now().Add(slotInUseWait)
 	warned := false
 	for {
-		s, err := c.readSlot(ctx)
+		s, err := readSlotRow(ctx, c.pool, c.opts.slot)
 		if err != nil {
 			return s, err
+		}
+		if s.exists {
+			if err := s.unusable(c.opts.slot); err != nil {
+				return s, err
+			}
 		}
 		switch {
 		case !s.exists && from != 0:
@@ -271,10 +237,6 @@ func (c *Conn) checkSlot(ctx context.Context, from canonical.Position) (replSlot
 				return s, err
 			}
 			continue
-		case !s.sameDatabase:
-			return s, fmt.Errorf("slot %q belongs to another database: choose another name with WithSlot", c.opts.slot)
-		case s.plugin != "pgoutput":
-			return s, fmt.Errorf("slot %q uses the %q plugin: siphon needs a pgoutput slot; drop it or choose another name with WithSlot", c.opts.slot, s.plugin)
 		case s.walStatus == "lost":
 			return s, &ResumeGapError{Slot: c.opts.slot, Requested: from, Confirmed: s.confirmed, Reason: GapSlotLost}
 		case s.walStatus == "unreserved" && !warned:
@@ -296,7 +258,7 @@ func (c *Conn) checkSlot(ctx context.Context, from canonical.Position) (replSlot
 			return s, err
 		}
 		if !pub {
-			return s, fmt.Errorf("publication %q does not exist but slot %q does: create the publication, then take a new snapshot (changes made before a publication exists cannot be streamed)", c.opts.publication, c.opts.slot)
+			return s, &PublicationMissingError{Publication: c.opts.publication, Slot: c.opts.slot}
 		}
 		return s, nil
 	}
@@ -360,7 +322,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 	if _, err := c.ensureCapture(ctx); err != nil {
 		return setupFailed(ctx, res, err, cfg.from)
 	}
-	slot, err := c.checkSlot(ctx, cfg.from)
+	slot, err := c.streamSlot(ctx, cfg.from)
 	if err != nil {
 		return setupFailed(ctx, res, err, cfg.from)
 	}
@@ -652,24 +614,10 @@ func setupFailed(ctx context.Context, res streamResult, err error, pos canonical
 // a replication=database session with siphon's session settings (which the
 // walsender's output functions use too), on a coalescingConn.
 func (c *Conn) openStreamSession(ctx context.Context) (*pgconn.PgConn, *coalescingConn, error) {
-	if c.pool.closed.Load() {
-		return nil, nil, ErrClosed
-	}
-	config := c.config.Config.Copy()
-	config.RuntimeParams["replication"] = "database"
-	dial := config.DialFunc
 	var sock *coalescingConn // the last one dialed is the one kept
-	config.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
+	conn, err := c.newReplicationSession(ctx, func(conn net.Conn) net.Conn {
 		sock = newCoalescingConn(conn)
-		return sock, nil
-	}
-	conn, err := pgconn.ConnectConfig(ctx, config)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open replication session: %w", err)
-	}
-	return conn, sock, nil
+		return sock
+	})
+	return conn, sock, err
 }

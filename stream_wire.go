@@ -74,7 +74,7 @@ type item struct {
 // through acked.
 type wire struct {
 	conn        *pgconn.PgConn
-	sock        *coalescingConn // conn's socket; nil in tests of the reader alone
+	sock        *coalescingConn // conn's socket
 	dec         *pgoutput.Decoder
 	acked       *atomic.Uint64
 	probing     *atomic.Bool
@@ -98,13 +98,11 @@ type wire struct {
 func (w *wire) run() {
 	defer close(w.done)
 	w.batch = w.newBatch()
-	if w.sock != nil {
-		// What was decoded goes to the loop before the reader waits for
-		// more: batches follow what arrived together, and nothing decoded
-		// waits on the network.
-		w.sock.beforeRead = w.flush
-		defer func() { w.sock.beforeRead = nil }()
-	}
+	// What was decoded goes to the loop before the reader waits for more:
+	// batches follow what arrived together, and nothing decoded waits on
+	// the network.
+	w.sock.beforeRead = w.flush
+	defer func() { w.sock.beforeRead = nil }()
 	// A first status update right away: it confirms the start position and,
 	// when probing, asks for a keepalive.
 	if err := w.sendStatus(w.probing.Load()); err != nil {
@@ -221,9 +219,6 @@ func (w *wire) copyData(data []byte) error {
 			w.nextStatus = time.Now().Add(w.statusEvery)
 		}
 		w.batch = append(w.batch, item{kind: itemKeepalive, walEnd: canonical.Position(ka.ServerWALEnd)})
-		if w.sock == nil {
-			return w.flush()
-		}
 	case pglogrepl.XLogDataByteID:
 		const header = 1 + 24 // type, WAL start, WAL end, send time
 		if len(data) < header+1 {
@@ -236,7 +231,7 @@ func (w *wire) copyData(data []byte) error {
 			w.batch = w.batch[:len(w.batch)-1]
 			return err
 		}
-		if len(w.batch) == cap(w.batch) || w.sock == nil && endsBatch(&it.ch) {
+		if len(w.batch) == cap(w.batch) {
 			return w.flush()
 		}
 	}
@@ -257,12 +252,6 @@ func (w *wire) stopping(walEnd canonical.Position) bool {
 	}
 	w.lastPing = now
 	return w.pings >= stoppingPings
-}
-
-// endsBatch reports whether a change ends a batch when the reader cannot
-// tell when the socket is read (no coalescingConn).
-func endsBatch(ch *canonical.Change) bool {
-	return ch.Op == canonical.OpCommit || ch.Op == canonical.OpMessage && !ch.Message.Transactional
 }
 
 // flush hands the current batch to the stream loop. While the loop is busy
