@@ -84,7 +84,7 @@ func (c *Conn) ApplyChange(ctx context.Context, ch canonical.Change) error {
 		err = fmt.Errorf("unknown op %v", ch.Op)
 	}
 	if err != nil {
-		return fmt.Errorf("siphon: apply %s on %s: %w", ch.Op, describeTarget(&ch), err)
+		return errorf("siphon: apply %s on %s: %w", ch.Op, describeTarget(&ch), err)
 	}
 	return nil
 }

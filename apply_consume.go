@@ -105,20 +105,20 @@ const (
 func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
 	body, err := canonicalBody(r)
 	if err != nil {
-		return fmt.Errorf("siphon: consume canonical: %w", err)
+		return errorf("siphon: consume canonical: %w", err)
 	}
 	dec := newStreamRecords(body)
 	h, err := dec.dec.Header()
 	if err != nil {
-		return fmt.Errorf("siphon: consume canonical: %w", err)
+		return errorf("siphon: consume canonical: %w", err)
 	}
 	src := newRecordSource(dec)
 	if !h.Checked && !c.opts.uncheckedStreams {
-		return fmt.Errorf("siphon: consume canonical: %w", ErrUnchecked)
+		return errorf("siphon: consume canonical: %w", ErrUnchecked)
 	}
 	s, err := c.openApplySession(ctx, "", h)
 	if err != nil {
-		return fmt.Errorf("siphon: consume canonical: %w", err)
+		return errorf("siphon: consume canonical: %w", err)
 	}
 	defer s.close()
 	if h.Kind == canonical.KindSnapshot {
@@ -127,7 +127,7 @@ func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
 		err = (&changeConsumer{s: s, src: src}).consume(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("siphon: consume canonical: %w", err)
+		return errorf("siphon: consume canonical: %w", err)
 	}
 	return nil
 }

@@ -246,7 +246,7 @@ func parseLSN(s *string) (canonical.Position, error) {
 func (c *Conn) AppliedPosition(ctx context.Context) (canonical.Position, error) {
 	applied, err := c.appliedSources(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("siphon: applied position: %w", err)
+		return 0, errorf("siphon: applied position: %w", err)
 	}
 	switch len(applied) {
 	case 0:
@@ -261,7 +261,7 @@ func (c *Conn) AppliedPosition(ctx context.Context) (canonical.Position, error) 
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	return 0, fmt.Errorf("siphon: applied position: %w: sources (system id_slot) %s: call AppliedPositionFor with one of them",
+	return 0, errorf("siphon: applied position: %w: sources (system id_slot) %s: call AppliedPositionFor with one of them",
 		ErrAmbiguousSource, strings.Join(keys, ", "))
 }
 
@@ -272,11 +272,11 @@ func (c *Conn) AppliedPosition(ctx context.Context) (canonical.Position, error) 
 func (c *Conn) AppliedPositionFor(ctx context.Context, systemID, slot string) (canonical.Position, error) {
 	env, err := readApplyEnv(ctx, c.pool)
 	if err != nil {
-		return 0, fmt.Errorf("siphon: applied position: %w", err)
+		return 0, errorf("siphon: applied position: %w", err)
 	}
 	pos, err := readProgress(ctx, c.pool, env, sourceKey(systemID, slot))
 	if err != nil {
-		return 0, fmt.Errorf("siphon: applied position: %w", err)
+		return 0, errorf("siphon: applied position: %w", err)
 	}
 	return pos, nil
 }
@@ -337,10 +337,10 @@ func (c *Conn) appliedSources(ctx context.Context) (map[string]canonical.Positio
 func (c *Conn) ResetAppliedPosition(ctx context.Context, systemID, slot string) error {
 	env, err := readApplyEnv(ctx, c.pool)
 	if err != nil {
-		return fmt.Errorf("siphon: reset applied position: %w", err)
+		return errorf("siphon: reset applied position: %w", err)
 	}
 	if err := dropProgress(ctx, c.pool, env, sourceKey(systemID, slot)); err != nil {
-		return fmt.Errorf("siphon: reset applied position: %w", err)
+		return errorf("siphon: reset applied position: %w", err)
 	}
 	return nil
 }
@@ -356,7 +356,7 @@ func (c *Conn) ResetAppliedPosition(ctx context.Context, systemID, slot string) 
 // [ErrApplyInProgress].
 func (c *Conn) MarkAppliedPosition(ctx context.Context, systemID, slot string, pos canonical.Position) error {
 	if err := c.markApplied(ctx, "", systemID, slot, pos, time.Time{}); err != nil {
-		return fmt.Errorf("siphon: mark applied position: %w", err)
+		return errorf("siphon: mark applied position: %w", err)
 	}
 	return nil
 }

@@ -125,7 +125,7 @@ func (c *Conn) Backup(ctx context.Context, opt BackupOptions, w io.Writer) (err 
 	var base *IncrementalBaseInfo
 	if opt.BaseSlot {
 		if base, err = c.CreateBaseSlot(ctx); err != nil {
-			return fmt.Errorf("siphon: backup: %w", err)
+			return errorf("siphon: backup: %w", err)
 		}
 		defer func() {
 			if err != nil {
@@ -135,16 +135,16 @@ func (c *Conn) Backup(ctx context.Context, opt BackupOptions, w io.Writer) (err 
 	}
 	snap, err := c.createSnapshotSlot(ctx, opt.StartChain)
 	if err != nil {
-		return fmt.Errorf("siphon: backup: %w", err)
+		return errorf("siphon: backup: %w", err)
 	}
 	defer func() {
 		if cerr := snap.Close(ctx); err == nil && cerr != nil {
-			err = fmt.Errorf("siphon: backup: %w", cerr)
+			err = errorf("siphon: backup: %w", cerr)
 		}
 	}()
 	src, err := identify()
 	if err != nil {
-		return fmt.Errorf("siphon: backup: %w", err)
+		return errorf("siphon: backup: %w", err)
 	}
 	run := &backupRun{opt: opt, dump: dumpOpts, prog: prog, src: src, snap: snap, base: base}
 	return c.writeBackup(ctx, run, w)
@@ -178,11 +178,11 @@ func (c *Conn) prepareDump(ctx context.Context, opt BackupOptions) (pgdump.DumpO
 	}
 	server, err := c.serverVersion(ctx)
 	if err != nil {
-		return dumpOpts, pgdump.Program{}, fmt.Errorf("siphon: backup: %w", err)
+		return dumpOpts, pgdump.Program{}, errorf("siphon: backup: %w", err)
 	}
 	prog, err := pgdump.Find(ctx, "pg_dump", opt.PgDump, server)
 	if err != nil {
-		return dumpOpts, pgdump.Program{}, fmt.Errorf("siphon: backup: %w", err)
+		return dumpOpts, pgdump.Program{}, errorf("siphon: backup: %w", err)
 	}
 	dumpOpts.Exec.Bin, dumpOpts.Exec.ServerVersion = prog.Path, server
 	return dumpOpts, prog, nil
@@ -223,11 +223,11 @@ func (c *Conn) identifyInBackground(ctx context.Context) func() (streamInfo, err
 func (c *Conn) writeBackup(ctx context.Context, run *backupRun, w io.Writer) error {
 	tables, err := c.snapshotTables(ctx, run.snap.SnapshotName, run.opt)
 	if err != nil {
-		return fmt.Errorf("siphon: backup: list tables in snapshot: %w", err)
+		return errorf("siphon: backup: list tables in snapshot: %w", err)
 	}
 	ew, err := canonical.NewEnvelopeWriter(w, c.backupHeader(run, tables))
 	if err != nil {
-		return fmt.Errorf("siphon: backup: %w", err)
+		return errorf("siphon: backup: %w", err)
 	}
 	run.dump.Snapshot = run.snap.SnapshotName
 	if run.opt.Jobs > 1 {
@@ -236,16 +236,16 @@ func (c *Conn) writeBackup(ctx context.Context, run *backupRun, w io.Writer) err
 		err = pgdump.Dump(ctx, run.dump, ew)
 	}
 	if err != nil {
-		return fmt.Errorf("siphon: backup: %w", err)
+		return errorf("siphon: backup: %w", err)
 	}
 	if run.base != nil {
 		if err := c.CaptureBaseEnd(ctx, run.base); err != nil {
-			return fmt.Errorf("siphon: backup: %w", err)
+			return errorf("siphon: backup: %w", err)
 		}
 		ew.SetBaseWALEnd(run.base.WALEnd)
 	}
 	if err := ew.Close(); err != nil {
-		return fmt.Errorf("siphon: backup: %w", err)
+		return errorf("siphon: backup: %w", err)
 	}
 	c.log.Info("backup written", "position", run.snap.ConsistentPoint, "body_bytes", ew.Trailer().BodyBytes, "tables", len(tables))
 	return nil
@@ -291,10 +291,10 @@ func (c *Conn) identifySystem(ctx context.Context) (streamInfo, error) {
 // dumpOptions checks opt and turns it into pg_dump's options.
 func (c *Conn) dumpOptions(opt BackupOptions) (pgdump.DumpOptions, error) {
 	if opt.SerializableDeferrable {
-		return pgdump.DumpOptions{}, fmt.Errorf("siphon: backup: %w", ErrSerializableDeferrable)
+		return pgdump.DumpOptions{}, errorf("siphon: backup: %w", ErrSerializableDeferrable)
 	}
 	if opt.Jobs < 0 {
-		return pgdump.DumpOptions{}, fmt.Errorf("siphon: backup: Jobs is %d: use 0 or 1 for one job, more for parallel jobs", opt.Jobs)
+		return pgdump.DumpOptions{}, errorf("siphon: backup: Jobs is %d: use 0 or 1 for one job, more for parallel jobs", opt.Jobs)
 	}
 	conn, err := c.clientConn("")
 	if err != nil {
@@ -349,7 +349,7 @@ func literalPattern(name string, schema bool) (string, error) {
 func (c *Conn) clientConn(database string) (pgdump.Conn, error) {
 	conn, err := pgdump.ParseDSN(c.config.ConnString())
 	if err != nil {
-		return pgdump.Conn{}, fmt.Errorf("siphon: %w", err)
+		return pgdump.Conn{}, errorf("siphon: %w", err)
 	}
 	// The Conn's own settings win: they are what its sessions use.
 	conn.Host, conn.Port, conn.User, conn.Password = c.config.Host, c.config.Port, c.config.User, c.config.Password

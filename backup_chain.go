@@ -91,18 +91,18 @@ func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, base i
 		return 0, err
 	}
 	if opt.TargetPosition != 0 && opt.TargetPosition < chain.Start {
-		return 0, fmt.Errorf("siphon: restore chain refused, nothing was restored: %w: target %v, base at %v",
+		return 0, errorf("siphon: restore chain refused, nothing was restored: %w: target %v, base at %v",
 			ErrTargetBeforeBase, opt.TargetPosition, chain.Start)
 	}
 	if base := chain.Links[0].Created; !opt.TargetTime.IsZero() && opt.TargetTime.Before(base) {
-		return 0, fmt.Errorf("siphon: restore chain refused, nothing was restored: %w: target time %v, base taken at %v",
+		return 0, errorf("siphon: restore chain refused, nothing was restored: %w: target time %v, base taken at %v",
 			ErrTargetBeforeBase, opt.TargetTime.UTC().Format(time.RFC3339Nano), base.UTC().Format(time.RFC3339Nano))
 	}
 	if err := rewind(0); err != nil {
 		return 0, err
 	}
 	if err := c.Restore(ctx, opt.Restore, base); err != nil {
-		return 0, fmt.Errorf("siphon: restore chain, link 1: %w", err)
+		return 0, errorf("siphon: restore chain, link 1: %w", err)
 	}
 	reached := chain.Start
 	for i, r := range incrementals {
@@ -112,7 +112,7 @@ func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, base i
 		}
 		end, whole, err := c.applyLink(ctx, opt, r, rep, func() error { return rewind(i + 1) })
 		if err != nil {
-			return reached, fmt.Errorf("siphon: restore chain, link %d: %w", n, err)
+			return reached, errorf("siphon: restore chain, link %d: %w", n, err)
 		}
 		if !end.IsZero() {
 			reached = end
@@ -134,19 +134,19 @@ func (c *Conn) verifyLinks(ctx context.Context, links []io.ReadSeeker) (*ChainRe
 	for i, r := range links {
 		off, err := r.Seek(0, io.SeekCurrent)
 		if err != nil {
-			return nil, nil, fmt.Errorf("siphon: restore chain, link %d: %w", i+1, err)
+			return nil, nil, errorf("siphon: restore chain, link %d: %w", i+1, err)
 		}
 		offsets[i], readers[i] = off, r
 	}
 	rewind := func(i int) error {
 		if _, err := links[i].Seek(offsets[i], io.SeekStart); err != nil {
-			return fmt.Errorf("siphon: restore chain, link %d: seek back to read it again: %w", i+1, err)
+			return errorf("siphon: restore chain, link %d: seek back to read it again: %w", i+1, err)
 		}
 		return nil
 	}
 	chain, err := c.VerifyChain(ctx, readers...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("siphon: restore chain: %w", err)
+		return nil, nil, errorf("siphon: restore chain: %w", err)
 	}
 	if err := brokenLink(chain); err != nil {
 		return nil, nil, err

@@ -2,7 +2,6 @@ package siphon
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"time"
 
@@ -56,17 +55,17 @@ func (c *Conn) BackupIncremental(ctx context.Context, since canonical.Position, 
 func (c *Conn) BackupIncrementalAfter(ctx context.Context, prev ChainLink, w io.Writer) (ChainLink, error) {
 	release, err := c.claimStream()
 	if err != nil {
-		return prev, fmt.Errorf("siphon: incremental backup: %w", err)
+		return prev, errorf("siphon: incremental backup: %w", err)
 	}
 	defer release()
 	since := prev.End
 	_, bound, err := c.insertPosition(ctx)
 	if err != nil {
-		return prev, fmt.Errorf("siphon: incremental backup: %w", err)
+		return prev, errorf("siphon: incremental backup: %w", err)
 	}
 	schema, err := c.InspectSchema(ctx)
 	if err != nil {
-		return prev, fmt.Errorf("siphon: incremental backup: %w", err)
+		return prev, errorf("siphon: incremental backup: %w", err)
 	}
 	enc := canonical.NewEncoder(w)
 	end := since
@@ -98,16 +97,16 @@ func (c *Conn) BackupIncrementalAfter(ctx context.Context, prev ChainLink, w io.
 		return nil
 	})
 	if err != nil {
-		return prev, fmt.Errorf("siphon: incremental backup: %w", err)
+		return prev, errorf("siphon: incremental backup: %w", err)
 	}
 	if !res.reachedBound {
-		return prev, fmt.Errorf("siphon: incremental backup: stopped before the bound %v: %w", bound, context.Cause(ctx))
+		return prev, errorf("siphon: incremental backup: stopped before the bound %v: %w", bound, context.Cause(ctx))
 	}
 	if err := c.writeSequences(ctx, enc); err != nil {
-		return prev, fmt.Errorf("siphon: incremental backup: %w", err)
+		return prev, errorf("siphon: incremental backup: %w", err)
 	}
 	if err := enc.WriteEnd(end); err != nil {
-		return prev, fmt.Errorf("siphon: incremental backup: %w", err)
+		return prev, errorf("siphon: incremental backup: %w", err)
 	}
 	return ChainLink{End: end, Link: enc.Link()}, nil
 }

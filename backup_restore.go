@@ -84,14 +84,14 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) err
 	er := canonical.NewEnvelopeReader(&ctxReader{ctx: ctx, r: r})
 	h, err := er.Header()
 	if err != nil {
-		return fmt.Errorf("siphon: restore refused, nothing was restored: %w", err)
+		return errorf("siphon: restore refused, nothing was restored: %w", err)
 	}
 	if h.Kind != canonical.KindDump {
-		return fmt.Errorf("siphon: restore refused, nothing was restored: %w: it is a %s envelope (apply snapshots and incrementals to a database instead)", ErrNotDump, h.Kind)
+		return errorf("siphon: restore refused, nothing was restored: %w: it is a %s envelope (apply snapshots and incrementals to a database instead)", ErrNotDump, h.Kind)
 	}
 	prog, err := c.findRestore(ctx, opt.PgRestore, h)
 	if err != nil {
-		return fmt.Errorf("siphon: restore: %w", err)
+		return errorf("siphon: restore: %w", err)
 	}
 	if !opt.Clean {
 		if err := c.checkTargetEmpty(ctx, opt.Database); err != nil {
@@ -101,7 +101,7 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) err
 	path, cleanup, err := spoolBody(er, h.Body, opt.TempDir)
 	defer cleanup()
 	if err != nil {
-		return fmt.Errorf("siphon: restore refused, nothing was restored: %w", err)
+		return errorf("siphon: restore refused, nothing was restored: %w", err)
 	}
 	err = pgdump.RestoreFile(ctx, pgdump.RestoreOptions{
 		Conn: conn, Exec: pgdump.ExecOptions{Bin: prog.Path, TempDir: opt.TempDir},
@@ -109,10 +109,10 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) err
 		NoOwner: opt.NoOwner, NoPrivileges: opt.NoPrivileges, Role: opt.Role, Exclude: isCaptureEntry,
 	}, path)
 	if err != nil {
-		return fmt.Errorf("siphon: restore: %w", err)
+		return errorf("siphon: restore: %w", err)
 	}
 	if err := c.markApplied(ctx, opt.Database, h.SystemID, h.Slot, h.Start, h.Created); err != nil {
-		return fmt.Errorf("siphon: restore: the backup is restored, but recording its Position %v in the target failed "+
+		return errorf("siphon: restore: the backup is restored, but recording its Position %v in the target failed "+
 			"(record it with MarkAppliedPosition, or incrementals will not be checked against it): %w", h.Start, err)
 	}
 	c.log.Info("backup restored", "position", h.Start, "database", conn.Database)
@@ -146,14 +146,14 @@ func (c *Conn) checkTargetEmpty(ctx context.Context, database string) error {
 		config.Database = database
 		conn, err := pgx.ConnectConfig(ctx, config)
 		if err != nil {
-			return fmt.Errorf("siphon: restore: connect to database %q: %w", database, err)
+			return errorf("siphon: restore: connect to database %q: %w", database, err)
 		}
 		defer conn.Close(context.Background())
 		q = conn
 	}
 	var names []string
 	if err := q.QueryRow(ctx, query).Scan(&names); err != nil {
-		return fmt.Errorf("siphon: restore: check that the target is empty: %w", err)
+		return errorf("siphon: restore: check that the target is empty: %w", err)
 	}
 	if len(names) > 0 {
 		if len(names) > 5 {

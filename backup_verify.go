@@ -119,7 +119,7 @@ func verifyStream(ctx context.Context, r io.Reader, unchecked bool) (*VerifyRepo
 		err = verifyEnvelope(ctx, br, rep)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("siphon: verify: %w", err)
+		return nil, errorf("siphon: verify: %w", err)
 	}
 	rep.OK = len(rep.Problems) == 0
 	return rep, nil
@@ -376,7 +376,7 @@ func verifyChain(ctx context.Context, links []io.Reader, unchecked bool) (*Chain
 	for i, r := range links {
 		rep, err := verifyStream(ctx, r, unchecked)
 		if err != nil {
-			return nil, fmt.Errorf("siphon: verify chain, link %d: %w", i+1, err)
+			return nil, errorf("siphon: verify chain, link %d: %w", i+1, err)
 		}
 		chain.Links = append(chain.Links, rep)
 		var problems []string

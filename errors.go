@@ -377,3 +377,22 @@ func (e *ReplicaIdentityError) Error() string {
 		"or choose with WithKeylessTables: KeylessFull (siphon sets REPLICA IDENTITY FULL), KeylessInsertsOnly, or KeylessSkip",
 		tableList(e.Tables), pluralHas(len(e.Tables)))
 }
+
+// errorf is fmt.Errorf for the errors siphon returns, whose format starts
+// with "siphon: ". The prefix is said once: where the error wraps one that
+// says it already (a sentinel, a typed error, a nested call's error), the
+// inner "siphon: " is left out of the message. errors.Is and errors.As see
+// every wrapped error as fmt.Errorf's would.
+func errorf(format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return &prefixedError{msg: strings.ReplaceAll(err.Error(), ": siphon: ", ": "), err: err}
+}
+
+// prefixedError is an error of errorf.
+type prefixedError struct {
+	msg string
+	err error
+}
+
+func (e *prefixedError) Error() string { return e.msg }
+func (e *prefixedError) Unwrap() error { return e.err }

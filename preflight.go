@@ -180,7 +180,7 @@ func (f serverFacts) tablesCheck() Check {
 func (c *Conn) checkConnect(ctx context.Context) error {
 	f, err := c.readServerFacts(ctx)
 	if err != nil {
-		return fmt.Errorf("siphon: connect: %w", err)
+		return errorf("siphon: connect: %w", err)
 	}
 	c.walLevel = f.walLevelCheck()
 	checks := []Check{f.encodingCheck(), f.tablesCheck()}
@@ -223,7 +223,7 @@ func (c *Conn) checkWALLevel() error {
 func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
 	f, err := c.readServerFacts(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("siphon: preflight: %w", err)
+		return nil, errorf("siphon: preflight: %w", err)
 	}
 	r := &PreflightReport{ServerVersion: f.version}
 	r.Checks = append(r.Checks, f.walLevelCheck(), f.encodingCheck())
@@ -235,7 +235,7 @@ func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
 	} {
 		checks, err := check(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("siphon: preflight: %w", err)
+			return nil, errorf("siphon: preflight: %w", err)
 		}
 		r.Checks = append(r.Checks, checks...)
 	}

@@ -88,14 +88,14 @@ type ReplicateProgress struct {
 // otherwise.
 func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOptions) (canonical.Position, error) {
 	if target == nil {
-		return 0, fmt.Errorf("siphon: replicate: target: %w", ErrNilCallback)
+		return 0, errorf("siphon: replicate: target: %w", ErrNilCallback)
 	}
 	if opts.ProgressInterval < 0 {
 		return 0, &OptionError{Option: "ReplicateOptions.ProgressInterval", Problem: "negative", Fix: "use a positive interval, or 0 for 1s"}
 	}
 	release, err := c.claimStream()
 	if err != nil {
-		return 0, fmt.Errorf("siphon: replicate: %w", err)
+		return 0, errorf("siphon: replicate: %w", err)
 	}
 	defer release()
 	r, err := c.startReplica(ctx, target, opts)
@@ -103,7 +103,7 @@ func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOption
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return r.applied(), nil
 		}
-		return r.applied(), fmt.Errorf("siphon: replicate: %w", err)
+		return r.applied(), errorf("siphon: replicate: %w", err)
 	}
 	defer r.close()
 	return r.run(ctx, opts)
@@ -236,9 +236,9 @@ func (r *replica) run(ctx context.Context, opts ReplicateOptions) (canonical.Pos
 	case streamErr != nil && !errors.Is(streamErr, errApplyStopped):
 		return pos, streamErr
 	case applyErr != nil && !errors.Is(applyErr, errCaptureStopped) && !errors.Is(applyErr, context.Canceled):
-		return pos, fmt.Errorf("siphon: replicate: %w", applyErr)
+		return pos, errorf("siphon: replicate: %w", applyErr)
 	case seqErr != nil:
-		return pos, fmt.Errorf("siphon: replicate: %w", seqErr)
+		return pos, errorf("siphon: replicate: %w", seqErr)
 	}
 	return pos, stopReason(ctx, "replicate", pos)
 }

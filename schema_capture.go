@@ -304,7 +304,7 @@ func (s captureState) ready() bool { return s.installed && s.current && s.regist
 // after.
 func (c *Conn) InstallSchemaCapture(ctx context.Context) error {
 	if err := c.installCapture(ctx); err != nil {
-		return fmt.Errorf("siphon: install schema capture: %w", err)
+		return errorf("siphon: install schema capture: %w", err)
 	}
 	return nil
 }
@@ -390,7 +390,7 @@ func (c *Conn) ensureCapture(ctx context.Context) (bool, error) {
 		return true, nil
 	case s.superuser:
 		if err := c.installCapture(ctx); err != nil {
-			return false, fmt.Errorf("siphon: install schema capture: %w", err)
+			return false, errorf("siphon: install schema capture: %w", err)
 		}
 		return true, nil
 	}

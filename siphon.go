@@ -243,7 +243,7 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	poolConfig.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, poolConfig)
 	if err != nil {
-		return nil, fmt.Errorf("siphon: connect: %w", err)
+		return nil, errorf("siphon: connect: %w", err)
 	}
 	c := &Conn{config: poolConfig.ConnConfig, pool: &sessionPool{Pool: pool}, opts: o, tables: tables, log: o.logger}
 	if err := c.checkConnect(ctx); err != nil {
@@ -351,19 +351,19 @@ ORDER BY n.nspname, c.relname`
 func (c *Conn) InspectSchema(ctx context.Context) (*canonical.Schema, error) {
 	rows, err := c.pool.Query(ctx, inspectQuery)
 	if err != nil {
-		return nil, fmt.Errorf("siphon: inspect schema: %w", err)
+		return nil, errorf("siphon: inspect schema: %w", err)
 	}
 	var all []canonical.Table
 	for rows.Next() {
 		t, err := scanTable(rows)
 		if err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("siphon: inspect schema: %w", err)
+			return nil, errorf("siphon: inspect schema: %w", err)
 		}
 		all = append(all, t)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("siphon: inspect schema: %w", err)
+		return nil, errorf("siphon: inspect schema: %w", err)
 	}
 	if len(c.tables) == 0 {
 		return &canonical.Schema{Tables: all}, nil
@@ -376,7 +376,7 @@ func (c *Conn) InspectSchema(ctx context.Context) (*canonical.Schema, error) {
 	for _, name := range c.tables {
 		t, ok := byName[name]
 		if !ok {
-			return nil, fmt.Errorf("siphon: inspect schema: %w", &SchemaIncompatibleError{Table: name, Problem: missingTableProblem})
+			return nil, errorf("siphon: inspect schema: %w", &SchemaIncompatibleError{Table: name, Problem: missingTableProblem})
 		}
 		schema.Tables = append(schema.Tables, t)
 	}

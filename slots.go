@@ -271,7 +271,7 @@ func (s *snapshotSlot) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		// Cleaning up must happen even when the snapshot ended because ctx did.
 		if err := closeAndEnd(s.c.pool, s.repl); err != nil {
-			s.closeErr = fmt.Errorf("siphon: close snapshot slot %q: %w", s.Name, err)
+			s.closeErr = errorf("siphon: close snapshot slot %q: %w", s.Name, err)
 		}
 	})
 	return s.closeErr
@@ -590,7 +590,7 @@ func wrapSlotErr(op, slot string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("siphon: %s %q: %w", op, slot, err)
+	return errorf("siphon: %s %q: %w", op, slot, err)
 }
 
 // jitter returns d times a random factor between 1 and 5.

@@ -133,7 +133,7 @@ func (h *heldBases) release() {
 // lost its WAL means the base cannot be continued: take a new one.
 func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) error {
 	if info == nil {
-		return fmt.Errorf("siphon: capture base end: info: %w (pass what CreateBaseSlot returned)", ErrNilCallback)
+		return errorf("siphon: capture base end: info: %w (pass what CreateBaseSlot returned)", ErrNilCallback)
 	}
 	held := c.bases.take(info.Slot)
 	slot := info.Slot
@@ -145,14 +145,14 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 	err := c.pool.QueryRow(ctx, `SELECT coalesce(restart_lsn::text, ''), coalesce(wal_status, ''), pg_current_wal_insert_lsn()::text
 		FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'`, slot).Scan(&restart, &status, &current)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("siphon: capture base end of slot %q: the slot is gone (dropped, or its session ended), so WAL since %v may be recycled: take a new base backup", info.Slot, info.WALStart)
+		return errorf("siphon: capture base end of slot %q: the slot is gone (dropped, or its session ended), so WAL since %v may be recycled: take a new base backup", info.Slot, info.WALStart)
 	}
 	if err != nil {
-		return fmt.Errorf("siphon: capture base end of slot %q: %w", info.Slot, err)
+		return errorf("siphon: capture base end of slot %q: %w", info.Slot, err)
 	}
 	restartPos, err := canonical.ParsePosition(restart)
 	if status == "lost" || err != nil || restartPos > info.WALStart {
-		return fmt.Errorf("siphon: capture base end of slot %q: the slot no longer reserves WAL from %v (restart %q, wal_status %q): take a new base backup", info.Slot, info.WALStart, restart, status)
+		return errorf("siphon: capture base end of slot %q: the slot no longer reserves WAL from %v (restart %q, wal_status %q): take a new base backup", info.Slot, info.WALStart, restart, status)
 	}
 	if held != nil {
 		if _, err := held.Exec(ctx, "SELECT pg_copy_physical_replication_slot($1, $2, false)", slot, info.Slot); err != nil {
@@ -160,17 +160,17 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 			if pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded) {
 				hint = ": completing a base slot takes one more slot for a moment; raise max_replication_slots, or drop unused slots"
 			}
-			return fmt.Errorf("siphon: capture base end of slot %q: make it permanent%s: %w", info.Slot, hint, err)
+			return errorf("siphon: capture base end of slot %q: make it permanent%s: %w", info.Slot, hint, err)
 		}
 		// Dropped now rather than when the session's backend exits, which
 		// may be after CaptureBaseEnd returns.
 		if _, err := held.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
-			return fmt.Errorf("siphon: capture base end of slot %q: drop its temporary slot: %w", info.Slot, err)
+			return errorf("siphon: capture base end of slot %q: drop its temporary slot: %w", info.Slot, err)
 		}
 	}
 	end, err := canonical.ParsePosition(current)
 	if err != nil {
-		return fmt.Errorf("siphon: capture base end of slot %q: %w", info.Slot, err)
+		return errorf("siphon: capture base end of slot %q: %w", info.Slot, err)
 	}
 	info.WALEnd = end
 	c.log.Info("base end captured", "slot", info.Slot, "wal_start", info.WALStart, "wal_end", end)
@@ -182,7 +182,7 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 // [ErrSlotInUse].
 func (c *Conn) DropSlot(ctx context.Context, name string) error {
 	if !slotNamePattern.MatchString(name) {
-		return fmt.Errorf("siphon: drop slot %q: not a slot siphon names: use 1 to 63 characters of a-z, 0-9 and _", name)
+		return errorf("siphon: drop slot %q: not a slot siphon names: use 1 to 63 characters of a-z, 0-9 and _", name)
 	}
 	_, err := c.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", name)
 	switch {
@@ -192,9 +192,9 @@ func (c *Conn) DropSlot(ctx context.Context, name string) error {
 	case pgerr.Is(err, pgerrcode.UndefinedObject):
 		return nil
 	case pgerr.Is(err, pgerrcode.ObjectInUse):
-		return fmt.Errorf("siphon: drop slot %q: %w (%v): stop the session that uses it first", name, ErrSlotInUse, err)
+		return errorf("siphon: drop slot %q: %w (%v): stop the session that uses it first", name, ErrSlotInUse, err)
 	}
-	return fmt.Errorf("siphon: drop slot %q: %w", name, err)
+	return errorf("siphon: drop slot %q: %w", name, err)
 }
 
 // SweepOrphanSlots drops siphon's base slots that can no longer serve
@@ -210,7 +210,7 @@ func (c *Conn) DropSlot(ctx context.Context, name string) error {
 func (c *Conn) SweepOrphanSlots(ctx context.Context) (int, error) {
 	lock, err := c.lockSlots(ctx, time.Now().Add(c.opts.slotRetry.MaxBlocked))
 	if err != nil {
-		return 0, fmt.Errorf("siphon: sweep orphan slots: %w", err)
+		return 0, errorf("siphon: sweep orphan slots: %w", err)
 	}
 	defer lock.release()
 	dropped, err := sweepLocked(ctx, lock.conn, c.opts.slot)
@@ -218,7 +218,7 @@ func (c *Conn) SweepOrphanSlots(ctx context.Context) (int, error) {
 		c.log.Info("orphan slots swept", "dropped", dropped)
 	}
 	if err != nil {
-		return len(dropped), fmt.Errorf("siphon: sweep orphan slots: %w", err)
+		return len(dropped), errorf("siphon: sweep orphan slots: %w", err)
 	}
 	return len(dropped), nil
 }
@@ -311,19 +311,19 @@ func (c *Conn) Slots(ctx context.Context) ([]SlotInfo, error) {
 		   OR (slot_type = 'physical' AND slot_name ~ $3)
 		ORDER BY slot_name`, c.opts.slot, strings.ReplaceAll(snapshotSlotPrefix, "_", `\_`)+"%", anyBaseSlotPattern.String())
 	if err != nil {
-		return nil, fmt.Errorf("siphon: list slots: %w", err)
+		return nil, errorf("siphon: list slots: %w", err)
 	}
 	defer rows.Close()
 	var out []SlotInfo
 	for rows.Next() {
 		s, err := c.scanSlot(rows)
 		if err != nil {
-			return nil, fmt.Errorf("siphon: list slots: %w", err)
+			return nil, errorf("siphon: list slots: %w", err)
 		}
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("siphon: list slots: %w", err)
+		return nil, errorf("siphon: list slots: %w", err)
 	}
 	return out, nil
 }
@@ -387,30 +387,30 @@ func asSlotBlocked(err error, slot string, start time.Time) error {
 func (c *Conn) Detach(ctx context.Context) error {
 	lock, err := c.lockSlots(ctx, time.Now().Add(c.opts.slotRetry.MaxBlocked))
 	if err != nil {
-		return fmt.Errorf("siphon: detach: %w", err)
+		return errorf("siphon: detach: %w", err)
 	}
 	defer lock.release()
 	if err := c.DropSlot(ctx, c.opts.slot); err != nil {
-		return fmt.Errorf("siphon: detach: %w", err)
+		return errorf("siphon: detach: %w", err)
 	}
 	rows, err := lock.conn.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
 		WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database() AND NOT temporary
 		ORDER BY 1`)
 	if err != nil {
-		return fmt.Errorf("siphon: detach: %w", err)
+		return errorf("siphon: detach: %w", err)
 	}
 	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("siphon: detach: %w", err)
+		return errorf("siphon: detach: %w", err)
 	}
 	if len(others) > 0 {
 		c.log.Info("publication kept: other slots of this database may read it", "publication", c.opts.publication, "slots", others)
 	} else if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(c.opts.publication)+", "+
 		sqltext.Ident(c.opts.publication+insertsSuffix)); err != nil {
-		return fmt.Errorf("siphon: detach: drop publication %q: %w", c.opts.publication, err)
+		return errorf("siphon: detach: drop publication %q: %w", c.opts.publication, err)
 	}
 	if err := c.removeCapture(ctx, lock.conn); err != nil {
-		return fmt.Errorf("siphon: detach: remove the schema capture: %w", err)
+		return errorf("siphon: detach: remove the schema capture: %w", err)
 	}
 	c.log.Info("detached", "slot", c.opts.slot, "publication", c.opts.publication)
 	return nil

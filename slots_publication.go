@@ -152,7 +152,7 @@ func (c *Conn) ensurePublication(ctx context.Context) error {
 		if pgerr.Is(err, pgerrcode.InsufficientPrivilege) {
 			hint = ": the role must own the tables (or be a superuser), and have CREATE on the database"
 		}
-		return fmt.Errorf("siphon: create publication %q%s: %w", c.opts.publication, hint, err)
+		return errorf("siphon: create publication %q%s: %w", c.opts.publication, hint, err)
 	}
 	return nil
 }
@@ -257,7 +257,7 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 		                 WHERE r.prpubid = p.oid), '{}')
 		FROM pg_publication p WHERE p.pubname IN ($1, $2)`, c.opts.publication, c.opts.publication+insertsSuffix)
 	if err != nil {
-		return s, fmt.Errorf("siphon: look up publication %q: %w", c.opts.publication, err)
+		return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -265,7 +265,7 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 		var flags [4]bool
 		var schemas, names []string
 		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &schemas, &names); err != nil {
-			return s, fmt.Errorf("siphon: look up publication %q: %w", c.opts.publication, err)
+			return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 		}
 		tables := make([]canonical.TableName, len(names))
 		for i := range names {
@@ -280,7 +280,7 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return s, fmt.Errorf("siphon: look up publication %q: %w", c.opts.publication, err)
+		return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 	}
 	return s, nil
 }
@@ -323,7 +323,7 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 	}
 	tables, err := c.readUserTables(ctx, c.pool)
 	if err != nil {
-		return true, fmt.Errorf("siphon: check publication %q: %w", c.opts.publication, err)
+		return true, errorf("siphon: check publication %q: %w", c.opts.publication, err)
 	}
 	if err := c.checkNamedTablesExist(tables); err != nil {
 		return true, err
@@ -367,7 +367,7 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 // adjust it with ALTER PUBLICATION.
 func (c *Conn) SyncPublication(ctx context.Context) ([]canonical.TableName, error) {
 	if len(c.tables) > 0 {
-		return nil, fmt.Errorf("siphon: sync publication %q: it holds the WithTables tables, which SyncPublication leaves as they are: adjust it with ALTER PUBLICATION", c.opts.publication)
+		return nil, errorf("siphon: sync publication %q: it holds the WithTables tables, which SyncPublication leaves as they are: adjust it with ALTER PUBLICATION", c.opts.publication)
 	}
 	var added []canonical.TableName
 	err := c.ensurePublication(ctx)
@@ -382,7 +382,7 @@ func (c *Conn) SyncPublication(ctx context.Context) ([]canonical.TableName, erro
 		})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("siphon: sync publication %q: %w", c.opts.publication, err)
+		return nil, errorf("siphon: sync publication %q: %w", c.opts.publication, err)
 	}
 	if len(added) > 0 {
 		c.log.Info("tables added to the publication", "publication", c.opts.publication, "tables", tableList(added))

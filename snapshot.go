@@ -112,7 +112,7 @@ func (s *Snapshot) CopyTables(ctx context.Context, schema *canonical.Schema, fn 
 		}
 	}
 	if err := s.c.copyTables(ctx, s, schema, fn, cfg); err != nil {
-		return fmt.Errorf("siphon: copy tables: %w", err)
+		return errorf("siphon: copy tables: %w", err)
 	}
 	return nil
 }
@@ -187,11 +187,11 @@ func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io
 		}
 	}
 	if schema, err = c.inLoadOrder(ctx, schema); err != nil {
-		return 0, fmt.Errorf("siphon: emit canonical: %w", err)
+		return 0, errorf("siphon: emit canonical: %w", err)
 	}
 	header, err := c.sourceHeader(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("siphon: emit canonical: %w", err)
+		return 0, errorf("siphon: emit canonical: %w", err)
 	}
 	snap, err := c.TakeSnapshot(ctx)
 	if err != nil {
@@ -202,7 +202,7 @@ func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io
 		err = closeErr
 	}
 	if err != nil {
-		return 0, fmt.Errorf("siphon: emit canonical: %w", err)
+		return 0, errorf("siphon: emit canonical: %w", err)
 	}
 	return pos, nil
 }

@@ -1,7 +1,6 @@
 package siphon
 
 import (
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,7 +43,7 @@ func (c *CTID) UnmarshalText(text []byte) error {
 			}
 		}
 	}
-	return fmt.Errorf("siphon: %q is not a ctid (block,offset)", s)
+	return errorf("siphon: %q is not a ctid (block,offset)", s)
 }
 
 func (c CTID) less(d CTID) bool {

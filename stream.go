@@ -123,11 +123,11 @@ func (e *ResumeGapError) Error() string {
 // decoded changes at most wait for emit.
 func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
 	if emit == nil {
-		return from, fmt.Errorf("siphon: stream changes: emit: %w", ErrNilCallback)
+		return from, errorf("siphon: stream changes: emit: %w", ErrNilCallback)
 	}
 	release, err := c.claimStream()
 	if err != nil {
-		return from, fmt.Errorf("siphon: stream changes: %w", err)
+		return from, errorf("siphon: stream changes: %w", err)
 	}
 	defer release()
 	res, err := c.stream(ctx, streamConfig{from: from}, emit)
@@ -152,7 +152,7 @@ func (c *Conn) claimStream() (release func(), err error) {
 // not ask for shows.
 func stopReason(ctx context.Context, op string, resume canonical.Position) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("siphon: %s: stopped at ctx's deadline (resume from %v): %w", op, resume, context.DeadlineExceeded)
+		return errorf("siphon: %s: stopped at ctx's deadline (resume from %v): %w", op, resume, context.DeadlineExceeded)
 	}
 	return nil
 }
@@ -175,7 +175,7 @@ func (c *Conn) CurrentPosition(ctx context.Context) (canonical.Position, error) 
 	}
 	pos, _, err := c.insertPosition(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("siphon: current position: %w", err)
+		return 0, errorf("siphon: current position: %w", err)
 	}
 	return pos, nil
 }
@@ -336,7 +336,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		return setupFailed(ctx, res, err, cfg.from)
 	}
 	if cfg.from > now {
-		return res, fmt.Errorf("siphon: stream changes: position %v is ahead of the server's WAL (%v): it comes from another server or was made up", cfg.from, now)
+		return res, errorf("siphon: stream changes: position %v is ahead of the server's WAL (%v): it comes from another server or was made up", cfg.from, now)
 	}
 	if cfg.from != 0 && cfg.from < slot.confirmed {
 		// Only a heartbeat written when the slot was advanced can show that
@@ -392,7 +392,7 @@ func (c *Conn) pluginArgs(ctx context.Context, conn *pgconn.PgConn) ([]string, e
 	}
 	server, err := pgdump.ParseVersion(conn.ParameterStatus("server_version"))
 	if err != nil {
-		return nil, fmt.Errorf("siphon: stream changes: server version: %w", err)
+		return nil, errorf("siphon: stream changes: server version: %w", err)
 	}
 	if err := needRelease("WithLocalChangesOnly", 16, server); err != nil {
 		return nil, err
@@ -478,11 +478,11 @@ func wrapStreamError(err error, pos canonical.Position) error {
 	case errors.As(err, &emitE):
 		return emitE
 	case pgerr.Is(err, pgerrcode.ObjectInUse): // the slot was taken meanwhile
-		return fmt.Errorf("siphon: stream changes: %w: %v", ErrSlotInUse, err)
+		return errorf("siphon: stream changes: %w: %v", ErrSlotInUse, err)
 	case isInterruption(err):
 		return &StreamInterruptedError{Position: pos, Err: err}
 	}
-	return fmt.Errorf("siphon: stream changes: %w", err)
+	return errorf("siphon: stream changes: %w", err)
 }
 
 // isInterruption reports whether err means the session broke and a new one may
