@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/pgerr"
@@ -229,7 +230,7 @@ func (b *binding) intKey() bool {
 		return false
 	}
 	switch b.cols[b.key[0]].typeOID {
-	case 20, 21, 23:
+	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID:
 		return true
 	}
 	return false

@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/pgerr"
@@ -175,11 +176,11 @@ func (t tracker) queueRecord(q *stmtQueue, pos canonical.Position, at time.Time)
 	q.params.reset()
 	var st *statement
 	if t.origin {
-		st = &statement{sql: "SELECT pg_replication_origin_xact_setup($1, coalesce($2, now()))", oids: []uint32{3220, 1184}}
+		st = &statement{sql: "SELECT pg_replication_origin_xact_setup($1, coalesce($2, now()))", oids: []uint32{pgLSNOID, pgtype.TimestamptzOID}}
 	} else {
 		st = &statement{sql: `INSERT INTO siphon.applied_position (origin, position, updated_at) VALUES ($3, $1, coalesce($2, now()))
 			ON CONFLICT (origin) DO UPDATE SET position = EXCLUDED.position, updated_at = EXCLUDED.updated_at`,
-			oids: []uint32{3220, 1184, 25}}
+			oids: []uint32{pgLSNOID, pgtype.TimestamptzOID, pgtype.TextOID}}
 	}
 	q.params.add(canonical.Text(pos.String()))
 	if at.IsZero() {

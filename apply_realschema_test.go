@@ -148,14 +148,6 @@ func assertSameAsSource(t *testing.T, src, dst *pgx.Conn, when string) {
 	}
 }
 
-// count returns the result of a count(*) query.
-func count(t *testing.T, conn *pgx.Conn, query string) int {
-	t.Helper()
-	var n int
-	require.NoError(t, conn.QueryRow(context.Background(), query).Scan(&n))
-	return n
-}
-
 // endMessage marks the end of a stream a test consumes.
 func endMessage(t *testing.T, conn *pgx.Conn) {
 	t.Helper()
@@ -294,14 +286,6 @@ func restoreChainInto(t *testing.T, systemID, slot string, base []byte, links []
 	reached, err := target.RestoreChain(ctx, siphon.RestoreChainOptions{}, readers[0], readers[1:]...)
 	require.NoError(t, err)
 	return dsn, conn, reached
-}
-
-// systemIdentifier reads the server's system identifier.
-func systemIdentifier(t *testing.T, conn *pgx.Conn) string {
-	t.Helper()
-	var id string
-	require.NoError(t, conn.QueryRow(context.Background(), "SELECT system_identifier::text FROM pg_control_system()").Scan(&id))
-	return id
 }
 
 // TestRealSchemaWithoutReplicaPrivilege applies the shop as a role that may

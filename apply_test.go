@@ -48,57 +48,6 @@ func dropOrigins(t *testing.T, conn *pgx.Conn) {
 	assert.NoError(t, err)
 }
 
-// forgetAppliedPosition resets, when the test ends, the position applied
-// on dsn from systemID's slot: replication origins are cluster-wide, so one
-// left behind outlives the test's database.
-func forgetAppliedPosition(t *testing.T, dsn, systemID, slot string) {
-	t.Helper()
-	t.Cleanup(func() {
-		c, err := siphon.Connect(context.Background(), dsn)
-		if assert.NoError(t, err) {
-			assert.NoError(t, c.ResetAppliedPosition(context.Background(), systemID, slot))
-			c.Close()
-		}
-	})
-}
-
-// digest returns an order-independent fingerprint of a table's rows.
-func digest(t *testing.T, conn *pgx.Conn, table string) string {
-	t.Helper()
-	var d *string
-	var n int
-	require.NoError(t, conn.QueryRow(context.Background(),
-		"SELECT md5(string_agg(r::text, '|' ORDER BY r::text)), count(*) FROM "+table+" r").Scan(&d, &n))
-	if d == nil {
-		return "empty"
-	}
-	return fmt.Sprintf("%d rows %s", n, *d)
-}
-
-// rawRows returns a query's rows as the text the type output functions
-// print (NULL as nil), under siphon's session settings: canonical values.
-func rawRows(t *testing.T, conn *pgx.Conn, query string) [][]*string {
-	t.Helper()
-	rows, err := conn.Query(context.Background(), query, pgx.QueryExecModeSimpleProtocol)
-	require.NoError(t, err)
-	defer rows.Close()
-	var out [][]*string
-	for rows.Next() {
-		var row []*string
-		for _, raw := range rows.RawValues() {
-			if raw == nil {
-				row = append(row, nil)
-			} else {
-				s := string(raw)
-				row = append(row, &s)
-			}
-		}
-		out = append(out, row)
-	}
-	require.NoError(t, rows.Err())
-	return out
-}
-
 // canonicalRow turns raw text values into a canonical.Row.
 func canonicalRow(raw []*string) canonical.Row {
 	row := make(canonical.Row, len(raw))
@@ -783,13 +732,6 @@ func TestConsumeCanonicalOriginInUse(t *testing.T) {
 	assertApplyInProgress(t, c, s.done(), s.ends[0])
 	assert.Equal(t, 5, ledgerState(t, admin, c, s.ends))
 	assert.Equal(t, []string{fmt.Sprintf("siphon_%s_%s_ledger", dbOID(t, admin), testSystemID)}, originsOf(t, admin))
-}
-
-func dbOID(t *testing.T, conn *pgx.Conn) string {
-	t.Helper()
-	var oid string
-	require.NoError(t, conn.QueryRow(context.Background(), "SELECT oid::text FROM pg_database WHERE datname = current_database()").Scan(&oid))
-	return oid
 }
 
 // TestAppliedPositionSources applies two sources into one target, and one

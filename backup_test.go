@@ -85,20 +85,6 @@ break and "quotes" and \backslash')`,
 	`INSERT INTO parted SELECT g, date '2025-06-01' + g, 'p' || g FROM generate_series(1, 300) g`,
 }
 
-// userTables lists the tables and materialized views of a database, as
-// regclass text, siphon's own left out.
-func userTables(t *testing.T, conn *pgx.Conn) []string {
-	t.Helper()
-	rows, err := conn.Query(context.Background(), `SELECT c.oid::regclass::text FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relkind IN ('r', 'p', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon')
-		  AND n.nspname NOT LIKE 'pg\_toast%' ORDER BY 1`)
-	require.NoError(t, err)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return names
-}
-
 // tableDigests returns the digest of every table's rows.
 func tableDigests(t *testing.T, conn *pgx.Conn) map[string]string {
 	t.Helper()

@@ -3,7 +3,6 @@ package siphon_test
 import (
 	"bytes"
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -32,20 +31,6 @@ import (
 //
 // Every value is a function of the row number, so each run and each
 // database holds the same bytes.
-
-// envInt returns the positive integer the environment variable name holds,
-// or def when it is unset; another value fails the benchmark. Every
-// benchmark sizes its data set through it.
-func envInt(tb testing.TB, name string, def int) int {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	n, err := strconv.Atoi(s)
-	require.NoError(tb, err, name)
-	require.Positive(tb, n, name)
-	return n
-}
 
 // benchRows is the standard table's row count and the stream workload's
 // insert count: SIPHON_BENCH_ROWS, default 20000.

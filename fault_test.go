@@ -182,25 +182,6 @@ func killedWhere(t *testing.T, out string, tgtConn *pgx.Conn, origin string) str
 	return killedMidPending
 }
 
-// originProgress reads the target's replication origin (zero when it does
-// not exist yet).
-func originProgress(t *testing.T, tgtConn *pgx.Conn, origin string) canonical.Position {
-	t.Helper()
-	var progress *string
-	err := tgtConn.QueryRow(context.Background(), `SELECT pg_replication_origin_progress($1, false)::text
-		WHERE pg_replication_origin_oid($1) IS NOT NULL`, origin).Scan(&progress)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0
-	}
-	require.NoError(t, err)
-	if progress == nil {
-		return 0
-	}
-	pos, err := canonical.ParsePosition(*progress)
-	require.NoError(t, err)
-	return pos
-}
-
 func init() { childModes["cdc-loop"] = faultChild }
 
 // faultChildCmd is the test binary run as the fault child.

@@ -2,14 +2,12 @@ package siphon_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/siphondb/siphon/siphontest"
@@ -68,33 +66,4 @@ func runChild(t *testing.T, what, mode string, env ...string) string {
 		t.Fatalf("%s did not finish within a minute\nstderr: %s", what, stderr.String())
 	}
 	return stdout.String()
-}
-
-// newDatabase returns a fresh database's DSN and an admin session on it,
-// closed when the test ends. When the test and its own cleanups are done,
-// and before the database is dropped, it checks that siphon left nothing
-// running there (see checkNothingLeftRunning).
-func newDatabase(t *testing.T) (string, *pgx.Conn) {
-	t.Helper()
-	dsn := siphontest.Start(t).NewDatabase(t)
-	t.Cleanup(func() { checkNothingLeftRunning(t, dsn) })
-	return dsn, connectOrFail(t, dsn)
-}
-
-// connectOrFail opens a session on dsn, closed when the test ends.
-func connectOrFail(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
-// execSQL runs statements on conn, failing the test or benchmark on error.
-func execSQL(tb testing.TB, conn *pgx.Conn, statements ...string) {
-	tb.Helper()
-	for _, s := range statements {
-		_, err := conn.Exec(context.Background(), s)
-		require.NoError(tb, err, s)
-	}
 }

@@ -691,16 +691,6 @@ func TestBaseSlotNames(t *testing.T) {
 	assert.Regexp(t, siphon.BaseSlotPatternForTest, "siphon_"+siphon.NewULIDForTest(time.Now()))
 }
 
-// connect opens a siphon.Conn closed when the test ends (tests that check
-// for leaks close it earlier; Close is safe twice).
-func connect(t *testing.T, dsn string, opts ...siphon.Option) *siphon.Conn {
-	t.Helper()
-	c, err := siphon.Connect(context.Background(), dsn, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func closeAll(t *testing.T, conns ...*siphon.Conn) {
 	t.Helper()
 	for _, c := range conns {

@@ -21,65 +21,6 @@ import (
 	"github.com/siphondb/siphon/pgdump"
 )
 
-// ErrStreamInterrupted is matched (errors.Is) by every [*StreamInterruptedError].
-var ErrStreamInterrupted = errors.New("siphon: change stream interrupted")
-
-// StreamInterruptedError reports that the replication connection broke: the
-// network failed, the server shut down, or the walsender was terminated
-// (pg_terminate_backend, wal_sender_timeout). It is retryable: call
-// [Conn.StreamChanges] again from Position, and nothing is lost or repeated.
-type StreamInterruptedError struct {
-	// Position is where to resume from: the end of the last transaction
-	// whose OpCommit emit returned nil, or the stream's start.
-	Position canonical.Position
-	Err      error
-}
-
-func (e *StreamInterruptedError) Error() string {
-	return fmt.Sprintf("siphon: change stream interrupted (resume from %v): %v", e.Position, e.Err)
-}
-
-func (e *StreamInterruptedError) Unwrap() error { return e.Err }
-
-// Is makes errors.Is(err, ErrStreamInterrupted) true.
-func (e *StreamInterruptedError) Is(target error) bool { return target == ErrStreamInterrupted }
-
-// GapReason says why a [ResumeGapError] was returned.
-type GapReason string
-
-// The reasons for a [ResumeGapError].
-const (
-	// GapBehindSlot: the requested Position is older than the slot's
-	// confirmed position, and no siphon heartbeat vouches that nothing was
-	// published in between. The slot was advanced by another consumer, or
-	// it was dropped and recreated (a new slot starts past any earlier
-	// Position), or the caller's Position is stale.
-	GapBehindSlot GapReason = "behind the slot's confirmed position"
-	// GapSlotLost: the server invalidated the slot (wal_status "lost",
-	// max_slot_wal_keep_size exceeded): the WAL it needed was removed.
-	GapSlotLost GapReason = "the slot was invalidated (wal_status lost)"
-	// GapSlotMissing: the slot does not exist; it was dropped.
-	GapSlotMissing GapReason = "the slot does not exist"
-)
-
-// ResumeGapError reports that the change stream cannot continue from the
-// requested Position without losing changes. PostgreSQL would silently start
-// later; siphon refuses. The way out is a new snapshot
-// ([Conn.EmitCanonical]) followed by streaming from its Position.
-type ResumeGapError struct {
-	Slot      string
-	Requested canonical.Position
-	// Confirmed is the slot's confirmed position (zero when the slot is
-	// missing).
-	Confirmed canonical.Position
-	Reason    GapReason
-}
-
-func (e *ResumeGapError) Error() string {
-	return fmt.Sprintf("siphon: cannot resume slot %q from %v: %s (confirmed %v): changes may be missing; take a new snapshot and stream from its position",
-		e.Slot, e.Requested, e.Reason, e.Confirmed)
-}
-
 // StreamChanges streams the changes committed after from to emit, in commit
 // order, one at a time: each transaction as [canonical.OpBegin], its row
 // changes (and transactional messages), then [canonical.OpCommit]. A zero

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,91 +18,6 @@ import (
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/siphontest"
 )
-
-var streamSlotSeq atomic.Int64
-
-// streamSlot returns a slot name unique to the test.
-func streamSlot(t *testing.T) string {
-	name := regexp.MustCompile(`[^a-z0-9]+`).ReplaceAllString(strings.ToLower(t.Name()), "_")
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	return fmt.Sprintf("stream_%s_%d", strings.Trim(name, "_"), streamSlotSeq.Add(1))
-}
-
-// streamConn connects with a slot unique to the test (and opts), closed when
-// the test ends, and returns the slot's name too.
-func streamConn(t *testing.T, dsn string, opts ...siphon.Option) (*siphon.Conn, string) {
-	t.Helper()
-	slot := streamSlot(t)
-	opts = append([]siphon.Option{siphon.WithSlot(slot)}, opts...)
-	c, err := siphon.Connect(context.Background(), dsn, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return c, slot
-}
-
-// streamConnAt is streamConn that also makes sure the publication and the
-// slot exist (CurrentPosition), and returns the Position to stream from.
-func streamConnAt(t *testing.T, dsn string, opts ...siphon.Option) (*siphon.Conn, string, canonical.Position) {
-	t.Helper()
-	c, slot := streamConn(t, dsn, opts...)
-	start, err := c.CurrentPosition(context.Background())
-	require.NoError(t, err)
-	return c, slot, start
-}
-
-// siphonSession opens a session with siphon's fixed session settings, so
-// that values print the way canonical values do.
-func siphonSession(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	config, err := pgx.ParseConfig(dsn)
-	require.NoError(t, err)
-	for k, v := range map[string]string{
-		"DateStyle": "ISO, MDY", "TimeZone": "UTC", "IntervalStyle": "postgres",
-		"extra_float_digits": "3", "bytea_output": "hex", "lc_monetary": "C",
-	} {
-		config.RuntimeParams[k] = v
-	}
-	conn, err := pgx.ConnectConfig(context.Background(), config)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
-const markerPrefix = "test.marker"
-
-// emitMarker writes a non-transactional logical message that tells
-// streamUntil where to stop.
-func emitMarker(t *testing.T, conn *pgx.Conn, marker string) {
-	t.Helper()
-	execSQL(t, conn, fmt.Sprintf("SELECT pg_logical_emit_message(false, '%s', '%s')", markerPrefix, marker))
-}
-
-// streamUntil streams from from until the marker message, and returns the
-// changes before it (markers left out) and the Position StreamChanges
-// returned.
-func streamUntil(t *testing.T, c *siphon.Conn, from canonical.Position, marker string) ([]canonical.Change, canonical.Position) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var got []canonical.Change
-	seen := false
-	pos, err := c.StreamChanges(ctx, from, func(ch canonical.Change) error {
-		if ch.Op == canonical.OpMessage && ch.Message.Prefix == markerPrefix {
-			if string(ch.Message.Content) == marker {
-				seen = true
-				cancel()
-			}
-			return nil
-		}
-		got = append(got, ch)
-		return nil
-	})
-	require.NoError(t, err)
-	require.True(t, seen, "marker %q not reached in time", marker)
-	return got, pos
-}
 
 // transaction is a streamed transaction: its begin, changes and commit.
 type transaction struct {

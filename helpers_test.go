@@ -1,0 +1,270 @@
+package siphon_test
+
+// Helpers the tests of many files share: databases, connections, slots,
+// statements and what tables hold. A helper only one file uses stays there.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/siphontest"
+)
+
+// newDatabase returns a fresh database's DSN and an admin session on it,
+// closed when the test ends. When the test and its own cleanups are done,
+// and before the database is dropped, it checks that siphon left nothing
+// running there (see checkNothingLeftRunning).
+func newDatabase(t *testing.T) (string, *pgx.Conn) {
+	t.Helper()
+	dsn := siphontest.Start(t).NewDatabase(t)
+	t.Cleanup(func() { checkNothingLeftRunning(t, dsn) })
+	return dsn, connectOrFail(t, dsn)
+}
+
+// connectOrFail opens a session on dsn, closed when the test ends.
+func connectOrFail(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// execSQL runs statements on conn, failing the test or benchmark on error.
+func execSQL(tb testing.TB, conn *pgx.Conn, statements ...string) {
+	tb.Helper()
+	for _, s := range statements {
+		_, err := conn.Exec(context.Background(), s)
+		require.NoError(tb, err, s)
+	}
+}
+
+// connect opens a siphon.Conn closed when the test ends (tests that check
+// for leaks close it earlier; Close is safe twice).
+func connect(t *testing.T, dsn string, opts ...siphon.Option) *siphon.Conn {
+	t.Helper()
+	c, err := siphon.Connect(context.Background(), dsn, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+var streamSlotSeq atomic.Int64
+
+// streamSlot returns a slot name unique to the test.
+func streamSlot(t *testing.T) string {
+	name := regexp.MustCompile(`[^a-z0-9]+`).ReplaceAllString(strings.ToLower(t.Name()), "_")
+	if len(name) > 40 {
+		name = name[len(name)-40:]
+	}
+	return fmt.Sprintf("stream_%s_%d", strings.Trim(name, "_"), streamSlotSeq.Add(1))
+}
+
+// streamConn connects with a slot unique to the test (and opts), closed when
+// the test ends, and returns the slot's name too.
+func streamConn(t *testing.T, dsn string, opts ...siphon.Option) (*siphon.Conn, string) {
+	t.Helper()
+	slot := streamSlot(t)
+	opts = append([]siphon.Option{siphon.WithSlot(slot)}, opts...)
+	c, err := siphon.Connect(context.Background(), dsn, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c, slot
+}
+
+// streamConnAt is streamConn that also makes sure the publication and the
+// slot exist (CurrentPosition), and returns the Position to stream from.
+func streamConnAt(t *testing.T, dsn string, opts ...siphon.Option) (*siphon.Conn, string, canonical.Position) {
+	t.Helper()
+	c, slot := streamConn(t, dsn, opts...)
+	start, err := c.CurrentPosition(context.Background())
+	require.NoError(t, err)
+	return c, slot, start
+}
+
+// siphonSession opens a session with siphon's fixed session settings, so
+// that values print the way canonical values do.
+func siphonSession(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	config, err := pgx.ParseConfig(dsn)
+	require.NoError(t, err)
+	for k, v := range map[string]string{
+		"DateStyle": "ISO, MDY", "TimeZone": "UTC", "IntervalStyle": "postgres",
+		"extra_float_digits": "3", "bytea_output": "hex", "lc_monetary": "C",
+	} {
+		config.RuntimeParams[k] = v
+	}
+	conn, err := pgx.ConnectConfig(context.Background(), config)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+const markerPrefix = "test.marker"
+
+// emitMarker writes a non-transactional logical message that tells
+// streamUntil where to stop.
+func emitMarker(t *testing.T, conn *pgx.Conn, marker string) {
+	t.Helper()
+	execSQL(t, conn, fmt.Sprintf("SELECT pg_logical_emit_message(false, '%s', '%s')", markerPrefix, marker))
+}
+
+// streamUntil streams from from until the marker message, and returns the
+// changes before it (markers left out) and the Position StreamChanges
+// returned.
+func streamUntil(t *testing.T, c *siphon.Conn, from canonical.Position, marker string) ([]canonical.Change, canonical.Position) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got []canonical.Change
+	seen := false
+	pos, err := c.StreamChanges(ctx, from, func(ch canonical.Change) error {
+		if ch.Op == canonical.OpMessage && ch.Message.Prefix == markerPrefix {
+			if string(ch.Message.Content) == marker {
+				seen = true
+				cancel()
+			}
+			return nil
+		}
+		got = append(got, ch)
+		return nil
+	})
+	require.NoError(t, err)
+	require.True(t, seen, "marker %q not reached in time", marker)
+	return got, pos
+}
+
+// digest returns an order-independent fingerprint of a table's rows.
+func digest(t *testing.T, conn *pgx.Conn, table string) string {
+	t.Helper()
+	var d *string
+	var n int
+	require.NoError(t, conn.QueryRow(context.Background(),
+		"SELECT md5(string_agg(r::text, '|' ORDER BY r::text)), count(*) FROM "+table+" r").Scan(&d, &n))
+	if d == nil {
+		return "empty"
+	}
+	return fmt.Sprintf("%d rows %s", n, *d)
+}
+
+// rawRows returns a query's rows as the text the type output functions
+// print (NULL as nil), under siphon's session settings: canonical values.
+func rawRows(t *testing.T, conn *pgx.Conn, query string) [][]*string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), query, pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out [][]*string
+	for rows.Next() {
+		var row []*string
+		for _, raw := range rows.RawValues() {
+			if raw == nil {
+				row = append(row, nil)
+			} else {
+				s := string(raw)
+				row = append(row, &s)
+			}
+		}
+		out = append(out, row)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// forgetAppliedPosition resets, when the test ends, the position applied
+// on dsn from systemID's slot: replication origins are cluster-wide, so one
+// left behind outlives the test's database.
+func forgetAppliedPosition(t *testing.T, dsn, systemID, slot string) {
+	t.Helper()
+	t.Cleanup(func() {
+		c, err := siphon.Connect(context.Background(), dsn)
+		if assert.NoError(t, err) {
+			assert.NoError(t, c.ResetAppliedPosition(context.Background(), systemID, slot))
+			c.Close()
+		}
+	})
+}
+
+func dbOID(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var oid string
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT oid::text FROM pg_database WHERE datname = current_database()").Scan(&oid))
+	return oid
+}
+
+// count returns the result of a count(*) query.
+func count(t *testing.T, conn *pgx.Conn, query string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, conn.QueryRow(context.Background(), query).Scan(&n))
+	return n
+}
+
+// systemIdentifier reads the server's system identifier.
+func systemIdentifier(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var id string
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT system_identifier::text FROM pg_control_system()").Scan(&id))
+	return id
+}
+
+// originProgress reads the target's replication origin (zero when it does
+// not exist yet).
+func originProgress(t *testing.T, tgtConn *pgx.Conn, origin string) canonical.Position {
+	t.Helper()
+	var progress *string
+	err := tgtConn.QueryRow(context.Background(), `SELECT pg_replication_origin_progress($1, false)::text
+		WHERE pg_replication_origin_oid($1) IS NOT NULL`, origin).Scan(&progress)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0
+	}
+	require.NoError(t, err)
+	if progress == nil {
+		return 0
+	}
+	pos, err := canonical.ParsePosition(*progress)
+	require.NoError(t, err)
+	return pos
+}
+
+// userTables lists the tables and materialized views of a database, as
+// regclass text, siphon's own left out.
+func userTables(t *testing.T, conn *pgx.Conn) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT c.oid::regclass::text FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relkind IN ('r', 'p', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon')
+		  AND n.nspname NOT LIKE 'pg\_toast%' ORDER BY 1`)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+// envInt returns the positive integer the environment variable name holds,
+// or def when it is unset; another value fails the benchmark. Every
+// benchmark sizes its data set through it.
+func envInt(tb testing.TB, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	require.NoError(tb, err, name)
+	require.Positive(tb, n, name)
+	return n
+}
