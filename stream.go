@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/coalesce"
 	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/pgoutput"
 	"github.com/siphondb/siphon/pgdump"
@@ -360,7 +361,7 @@ func identifySource(ctx context.Context, conn *pgconn.PgConn) (streamInfo, error
 // run drives a started replication session: the wire reader decodes in its
 // goroutine, heartbeats are written in another, and this goroutine emits
 // and acknowledges. Both goroutines are joined before run returns.
-func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalescingConn, st *streamState, senderTimeout time.Duration) (streamResult, error) {
+func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn, st *streamState, senderTimeout time.Duration) (streamResult, error) {
 	statusEvery := c.opts.statusInterval
 	// While emit holds the stream back the reader cannot see keepalives, so
 	// it sends status updates often enough for wal_sender_timeout alone.
@@ -553,11 +554,11 @@ func setupFailed(ctx context.Context, res streamResult, err error, pos canonical
 
 // openStreamSession opens the replication session a stream reads from:
 // a replication=database session with siphon's session settings (which the
-// walsender's output functions use too), on a coalescingConn.
-func (c *Conn) openStreamSession(ctx context.Context) (*pgconn.PgConn, *coalescingConn, error) {
-	var sock *coalescingConn // the last one dialed is the one kept
+// walsender's output functions use too), on a coalesce.Conn.
+func (c *Conn) openStreamSession(ctx context.Context) (*pgconn.PgConn, *coalesce.Conn, error) {
+	var sock *coalesce.Conn // the last one dialed is the one kept
 	conn, err := c.newReplicationSession(ctx, func(conn net.Conn) net.Conn {
-		sock = newCoalescingConn(conn)
+		sock = coalesce.New(conn)
 		return sock
 	})
 	return conn, sock, err

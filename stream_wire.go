@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/coalesce"
 	"github.com/siphondb/siphon/internal/pgoutput"
 )
 
@@ -74,7 +75,7 @@ type item struct {
 // through acked.
 type wire struct {
 	conn        *pgconn.PgConn
-	sock        *coalescingConn // conn's socket
+	sock        *coalesce.Conn // conn's socket
 	dec         *pgoutput.Decoder
 	acked       *atomic.Uint64
 	probing     *atomic.Bool
@@ -101,8 +102,8 @@ func (w *wire) run() {
 	// What was decoded goes to the loop before the reader waits for more:
 	// batches follow what arrived together, and nothing decoded waits on
 	// the network.
-	w.sock.beforeRead = w.flush
-	defer func() { w.sock.beforeRead = nil }()
+	w.sock.BeforeRead = w.flush
+	defer func() { w.sock.BeforeRead = nil }()
 	// A first status update right away: it confirms the start position and,
 	// when probing, asks for a keepalive.
 	if err := w.sendStatus(w.probing.Load()); err != nil {

@@ -1,4 +1,4 @@
-package siphon
+package coalesce
 
 import (
 	"errors"
@@ -15,8 +15,8 @@ import (
 )
 
 // tcpPair returns the two ends of a loopback TCP connection, the reading
-// end wrapped in a coalescingConn.
-func tcpPair(t *testing.T) (reader *coalescingConn, writer net.Conn) {
+// end wrapped in a Conn.
+func tcpPair(t *testing.T) (reader *Conn, writer net.Conn) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -31,7 +31,7 @@ func tcpPair(t *testing.T) (reader *coalescingConn, writer net.Conn) {
 	writer = <-accepted
 	require.NotNil(t, writer)
 	t.Cleanup(func() { dialed.Close(); writer.Close() })
-	return newCoalescingConn(dialed), writer
+	return New(dialed), writer
 }
 
 // TestCoalescingConnBurstThenTrickle: messages that arrive one by one, a
@@ -82,7 +82,7 @@ func TestCoalescingConnBurstThenTrickle(t *testing.T) {
 
 // TestCoalescingConnDeadlineWakesReader: a read blocked on the socket
 // returns when another goroutine moves the deadline to now, as net.Conn's
-// own reads do, although coalescingConn sets short deadlines of its own.
+// own reads do, although Conn sets short deadlines of its own.
 func TestCoalescingConnDeadlineWakesReader(t *testing.T) {
 	t.Parallel()
 	r, w := tcpPair(t)
@@ -112,14 +112,14 @@ func TestCoalescingConnDeadlineWakesReader(t *testing.T) {
 }
 
 // waitBlockedInRead waits until a goroutine is blocked on the network
-// inside coalescingConn.Read.
+// inside Conn.Read.
 func waitBlockedInRead(t *testing.T) {
 	t.Helper()
 	stacks := make([]byte, 1<<20)
 	require.Eventually(t, func() bool {
 		n := runtime.Stack(stacks, true)
 		for _, g := range strings.Split(string(stacks[:n]), "\n\n") {
-			if strings.Contains(g, "[IO wait") && strings.Contains(g, "(*coalescingConn).Read") {
+			if strings.Contains(g, "[IO wait") && strings.Contains(g, "(*Conn).Read") {
 				return true
 			}
 		}

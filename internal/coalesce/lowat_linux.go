@@ -1,4 +1,4 @@
-package siphon
+package coalesce
 
 import "syscall"
 

@@ -1,4 +1,6 @@
-package siphon
+// Package coalesce reads a socket that brings many small messages (a
+// walsender's, one per row) in few system calls; see Conn.
+package coalesce
 
 import (
 	"errors"
@@ -21,56 +23,60 @@ const (
 	coalesceBusy = 500 * time.Microsecond
 )
 
-// coalescingConn is the replication socket, read so that a busy stream
+// Conn is a socket read so that a busy stream (a replication session)
 // costs few system calls. The walsender writes each message on its own, so
 // a reader that keeps up wakes and reads once per row: that is most of a
 // client's CPU per row, and on a small machine it is taken from the
-// walsender. While reads come close together, coalescingConn raises the
+// walsender. While reads come close together, Conn raises the
 // socket's receive low-water mark (SO_RCVLOWAT, where the platform has it)
 // so the kernel wakes the reader only once 16 KiB have arrived, and reads up
 // to 64 KiB at once. Less than that is read after at most coalesceWait,
 // and the low-water mark then drops back to one byte until the stream is
 // busy again, so an idle stream is read as promptly as before.
 //
-// It also tells the stream's reader when the data read so far is used up
-// (beforeRead), so decoded changes are handed on in batches as large as
-// what arrived together.
+// It also tells its reader when the data read so far is used up
+// (BeforeRead), so that what was decoded from it is handed on in batches as
+// large as what arrived together.
 //
-// Only the stream's reader goroutine reads. Deadlines, which another
+// Only one goroutine reads. Deadlines, which another
 // goroutine may set to wake the reader, are kept as the outer bound of
 // every read.
-type coalescingConn struct {
+type Conn struct {
 	net.Conn
 	raw      syscall.RawConn // nil when the low-water mark cannot be set
 	buf      []byte
 	r, w     int
 	lowWater bool
 	lastRead time.Time
-	// beforeRead, when set, runs before each read from the socket (when
+	// BeforeRead, when set, runs before each read from the socket (when
 	// everything read so far was consumed); an error it returns is the
-	// read's.
-	beforeRead func() error
+	// read's. Set it from the reading goroutine, or before reads start.
+	BeforeRead func() error
 
 	mu    sync.Mutex
 	outer time.Time // the deadline set from outside
 }
 
-func newCoalescingConn(conn net.Conn) *coalescingConn {
-	c := &coalescingConn{Conn: conn, buf: make([]byte, coalesceBuffer)}
+// New wraps conn; the low-water mark is used only on a TCP connection of
+// a platform that has it.
+func New(conn net.Conn) *Conn {
+	c := &Conn{Conn: conn, buf: make([]byte, coalesceBuffer)}
 	if tcp, ok := conn.(*net.TCPConn); ok && lowWaterSupported {
 		c.raw, _ = tcp.SyscallConn()
 	}
 	return c
 }
 
-func (c *coalescingConn) SetReadDeadline(t time.Time) error {
+// SetReadDeadline sets the outer bound of every read.
+func (c *Conn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.outer = t
 	return c.Conn.SetReadDeadline(t)
 }
 
-func (c *coalescingConn) SetDeadline(t time.Time) error {
+// SetDeadline sets the outer bound of every read, and of writes.
+func (c *Conn) SetDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.outer = t
@@ -79,7 +85,7 @@ func (c *coalescingConn) SetDeadline(t time.Time) error {
 
 // shortDeadline bounds the next read by coalesceWait within the outer
 // deadline.
-func (c *coalescingConn) shortDeadline() {
+func (c *Conn) shortDeadline() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d := time.Now().Add(coalesceWait)
@@ -92,7 +98,7 @@ func (c *coalescingConn) shortDeadline() {
 // slowedDown handles a read that timed out while the low-water mark was up:
 // unless the outer deadline passed (then the timeout is the caller's), it
 // drops the mark and restores the outer deadline, and reports true.
-func (c *coalescingConn) slowedDown() bool {
+func (c *Conn) slowedDown() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.outer.IsZero() && !time.Now().Before(c.outer) {
@@ -105,15 +111,16 @@ func (c *coalescingConn) slowedDown() bool {
 	return true
 }
 
-func (c *coalescingConn) Read(b []byte) (int, error) {
+// Read reads what was buffered, or else from the socket into the buffer.
+func (c *Conn) Read(b []byte) (int, error) {
 	if c.r < c.w {
 		n := copy(b, c.buf[c.r:c.w])
 		c.r += n
 		return n, nil
 	}
 	c.r, c.w = 0, 0
-	if c.beforeRead != nil {
-		if err := c.beforeRead(); err != nil {
+	if c.BeforeRead != nil {
+		if err := c.BeforeRead(); err != nil {
 			return 0, err
 		}
 	}
@@ -138,7 +145,7 @@ func (c *coalescingConn) Read(b []byte) (int, error) {
 	}
 }
 
-func (c *coalescingConn) setLowWater(on bool) {
+func (c *Conn) setLowWater(on bool) {
 	if c.raw == nil {
 		return
 	}

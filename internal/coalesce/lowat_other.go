@@ -1,6 +1,6 @@
 //go:build !linux
 
-package siphon
+package coalesce
 
 // lowWaterSupported: elsewhere only the larger reads apply.
 const lowWaterSupported = false
