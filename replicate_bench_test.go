@@ -238,6 +238,9 @@ func (r *replicaBench) replicate(b *testing.B) replicaStat {
 	dsn, admin, drop := r.target(b)
 	defer drop()
 	b.StopTimer()
+	// siphon's publication holds the schema capture's table, which a
+	// subscription needs on its side too (the workload writes no row to it).
+	execSQL(b, admin, `CREATE SCHEMA siphon`, `CREATE TABLE siphon.schema_changes (id bigint PRIMARY KEY, change jsonb NOT NULL)`)
 	slot := r.src.copySlot(b)
 	src, err := siphon.Connect(ctx, r.src.dsn, siphon.WithSlot(slot))
 	if err != nil {
@@ -294,6 +297,9 @@ func (r *replicaBench) subscribe(b *testing.B, cfg subConfig) replicaStat {
 	dsn, admin, drop := r.target(b)
 	defer drop()
 	b.StopTimer()
+	// siphon's publication holds the schema capture's table, which a
+	// subscription needs on its side too (the workload writes no row to it).
+	execSQL(b, admin, `CREATE SCHEMA siphon`, `CREATE TABLE siphon.schema_changes (id bigint PRIMARY KEY, change jsonb NOT NULL)`)
 	slot := r.src.copySlot(b)
 	r.subs++
 	name := fmt.Sprintf("bench_sub_%d", r.subs)

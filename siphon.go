@@ -119,7 +119,11 @@
 // column dropped) and stops at any other with a
 // [*SchemaIncompatibleError] naming it. Schema changes are run with the
 // privileges of the applying role: apply only from sources whose DDL you
-// would run.
+// would run. The capture's rows pass through the table
+// siphon.schema_changes, which siphon's publications hold: a native
+// subscription (CREATE SUBSCRIPTION) of one of them needs that table on the
+// subscriber too (CREATE SCHEMA siphon; CREATE TABLE siphon.schema_changes
+// (id bigint PRIMARY KEY, change jsonb NOT NULL)).
 //
 // # Sequences
 //
