@@ -58,6 +58,7 @@ const (
 	itemChange    itemKind = iota // ch holds a decoded change
 	itemKeepalive                 // walEnd holds the server's WAL end
 	itemError                     // err ended the session
+	itemCaughtUp                  // the SQL catch-up read everything before walEnd
 )
 
 // item is what the reader hands to the stream loop, in stream order.
