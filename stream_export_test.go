@@ -1,5 +1,11 @@
 package siphon
 
+import (
+	"context"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
 // What the external tests of the stream need from the inside.
 
 // CatchUpForTest tunes the SQL catch-up of a Conn's streams (see
@@ -39,3 +45,8 @@ func (c *Conn) NoCatchUpForTest() { c.catchUpTuning = catchUpSettings{set: true,
 
 // CatchUpSlotPrefixForTest starts the names of the catch-up's copies of the slot.
 const CatchUpSlotPrefixForTest = catchUpSlotPrefix
+
+// AdvanceSlotForTest moves c's slot to pos as the catch-up does.
+func (c *Conn) AdvanceSlotForTest(ctx context.Context, pos canonical.Position) error {
+	return c.advanceSlot(ctx, pos)
+}

@@ -161,7 +161,7 @@ func (c *Conn) catchUp(ctx context.Context, st *streamState, options []string, g
 	set := c.catchUpTuning.orDefaults()
 	began, start := time.Now(), st.lastEnd
 	workers, blockSize, err := c.openCatchUpWorkers(ctx, set.workers)
-	defer closeCatchUpWorkers(workers)
+	defer c.closeCatchUpWorkers(workers)
 	if err != nil {
 		res := streamResult{resume: st.resumePos()}
 		if len(workers) == 0 && isCode(err, codeConfigLimitExceeded, codeTooManyConnections) {
@@ -195,10 +195,14 @@ func (c *Conn) catchUp(ctx context.Context, st *streamState, options []string, g
 	wg.Wait()
 	stopAdvancing()
 	if !res.caughtUp || res.reachedBound {
-		// Best effort, as the walsender's last status update: the slot
-		// learns the final position now.
-		final, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-		c.advanceSlot(final, st.ackedPos())
+		// As the walsender's last status update: the slot learns the final
+		// position now. Best effort, but that another session took the slot
+		// meanwhile is the stream's error, as the walsender would say.
+		final, cancel := cleanupContext(ctx)
+		st.syncDurable()
+		if aerr := c.advanceSlot(final, st.ackedPos()); err == nil && errors.Is(aerr, ErrSlotInUse) {
+			err = aerr
+		}
 		cancel()
 	}
 	res.resume = st.resumePos()
@@ -220,20 +224,44 @@ func (c *Conn) resolverFor(ctx context.Context) pgoutput.Resolver {
 }
 
 // advanceSlot moves the stream's slot to pos, unless it stands there or
-// past it already.
+// past it already, and fails with ErrSlotInUse when another session holds
+// the slot, moved or not (a walsender took it meanwhile). When it returns,
+// its session no longer holds the slot: an advance cut short by ctx (which
+// closes the socket while the backend goes on decoding, holding the slot)
+// has its backend ended first, or the walsender that follows the catch-up,
+// or the next stream, would find the slot active.
 func (c *Conn) advanceSlot(ctx context.Context, pos canonical.Position) error {
-	_, err := c.pool.Exec(ctx, `SELECT pg_replication_slot_advance(slot_name, $2::text::pg_lsn)
-		FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn`, c.opts.slot, pos.String())
+	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("advance slot %q to %v: %w", c.opts.slot, pos, err)
+	}
+	pid := conn.Conn().PgConn().PID()
+	var active bool
+	err = conn.QueryRow(ctx, `SELECT active, CASE WHEN NOT active AND confirmed_flush_lsn < $2::text::pg_lsn
+			THEN (pg_replication_slot_advance(slot_name, $2::text::pg_lsn)).end_lsn::text END
+		FROM pg_replication_slots WHERE slot_name = $1`, c.opts.slot, pos.String()).Scan(&active, new(*string))
+	broken := conn.Conn().IsClosed()
+	conn.Release()
+	if broken {
+		end, cancel := cleanupContext(ctx)
+		endBackend(end, c.pool, pid)
+		cancel()
+	}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("advance slot %q to %v: %w", c.opts.slot, pos, &ResumeGapError{Slot: c.opts.slot, Requested: pos, Reason: GapSlotMissing})
+	case err != nil:
+		return fmt.Errorf("advance slot %q to %v: %w", c.opts.slot, pos, err)
+	case active:
+		return fmt.Errorf("slot %q: %w", c.opts.slot, ErrSlotInUse)
 	}
 	return nil
 }
 
 // advanceSlotWhileCatchingUp moves the stream's slot to what st
-// acknowledges, at once and then every status interval, until stop is
-// called (which waits for it). A failure stops the stream: it goes to the
-// loop through d.
+// acknowledges (and checks that no other session took it), at once and
+// then every status interval, until stop is called (which waits for it).
+// A failure stops the stream: it goes to the loop through d.
 func (c *Conn) advanceSlotWhileCatchingUp(ctx context.Context, st *streamState, d *catchUpDelivery) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -241,16 +269,12 @@ func (c *Conn) advanceSlotWhileCatchingUp(ctx context.Context, st *streamState, 
 		defer close(done)
 		tick := time.NewTicker(c.opts.statusInterval)
 		defer tick.Stop()
-		var advanced canonical.Position
 		for {
-			if pos := st.ackedPos(); pos > advanced {
-				if err := c.advanceSlot(ctx, pos); err != nil {
-					if ctx.Err() == nil {
-						d.fail(nil, err)
-					}
-					return
+			if err := c.advanceSlot(ctx, st.ackedPos()); err != nil {
+				if ctx.Err() == nil {
+					d.fail(nil, err)
 				}
-				advanced = pos
+				return
 			}
 			select {
 			case <-ctx.Done():
@@ -319,23 +343,24 @@ func (c *Conn) openCatchUpWorker(ctx context.Context) (*catchUpWorker, error) {
 		w.confirmed, err = canonical.ParsePosition(confirmed)
 	}
 	if err != nil {
-		conn.Close(context.Background())
+		closeAndEnd(c.pool, conn.PgConn())
 		return nil, fmt.Errorf("copy slot %q: %w", c.opts.slot, err)
 	}
 	return w, nil
 }
 
-// closeCatchUpWorkers drops the copies and closes the sessions. The server
-// drops a temporary slot with its session anyway; dropping it first means
-// it is gone when this returns.
-func closeCatchUpWorkers(workers []*catchUpWorker) {
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+// closeCatchUpWorkers drops the copies and closes the sessions, waiting
+// until their backends are gone (closeAndEnd): the server drops a
+// temporary slot with its session, but a session whose query was cut short
+// may still be decoding when its socket closes.
+func (c *Conn) closeCatchUpWorkers(workers []*catchUpWorker) {
+	ctx, cancel := cleanupContext(context.Background())
 	defer cancel()
 	for _, w := range workers {
 		if !w.conn.IsClosed() {
 			w.conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", w.slot)
 		}
-		w.conn.Close(ctx)
+		closeAndEnd(c.pool, w.conn.PgConn())
 	}
 }
 

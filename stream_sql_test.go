@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -36,6 +37,12 @@ func copySlot(t *testing.T, admin *pgx.Conn, slot, name string) {
 // StreamChanges returned. onMarker, when set, runs at every other marker.
 func collectUntilEnd(t *testing.T, c *siphon.Conn, from canonical.Position, onMarker func(string)) ([]canonical.Change, canonical.Position) {
 	t.Helper()
+	return collectUntil(t, c, from, "end", onMarker)
+}
+
+// collectUntil is collectUntilEnd until the marker end.
+func collectUntil(t *testing.T, c *siphon.Conn, from canonical.Position, end string, onMarker func(string)) ([]canonical.Change, canonical.Position) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var got []canonical.Change
@@ -43,7 +50,7 @@ func collectUntilEnd(t *testing.T, c *siphon.Conn, from canonical.Position, onMa
 	pos, err := c.StreamChanges(ctx, from, func(ch canonical.Change) error {
 		if ch.Op == canonical.OpMessage && ch.Message.Prefix == markerPrefix {
 			switch m := string(ch.Message.Content); {
-			case m == "end":
+			case m == end:
 				seen = true
 				cancel()
 			case onMarker != nil:
@@ -55,7 +62,7 @@ func collectUntilEnd(t *testing.T, c *siphon.Conn, from canonical.Position, onMa
 		return nil
 	})
 	require.NoError(t, err)
-	require.True(t, seen, "marker end not reached in time")
+	require.True(t, seen, "marker %s not reached in time", end)
 	return got, pos
 }
 
@@ -132,7 +139,7 @@ func TestCatchUpDeliversWhatTheWalsenderDelivers(t *testing.T) {
 		after bool // writes the rest at the marker "backlog"
 	}{
 		{name: "small chunks, two workers", tune: siphon.CatchUpForTest{MinChunk: 64 << 10, MaxChunk: 64 << 10, Workers: 2}, why: "reason=\"caught up\"", after: true},
-		{name: "growing chunks, one worker", tune: siphon.CatchUpForTest{MinChunk: 64 << 10, MaxChunk: 64 << 20, RedecodeRatio: 2, Workers: 1}},
+		{name: "growing chunks, one worker", tune: siphon.CatchUpForTest{MinChunk: 64 << 10, MaxChunk: 1 << 30, RedecodeRatio: 2, Workers: 1}},
 		{name: "too far to decode again", tune: siphon.CatchUpForTest{MinChunk: 64 << 10, MaxChunk: 512 << 10, RedecodeRatio: 2, Workers: 2}, why: "too far back"},
 	}
 	var slots []string
@@ -160,7 +167,7 @@ func TestCatchUpDeliversWhatTheWalsenderDelivers(t *testing.T) {
 			// Once the walsender goes on, more changes come.
 			onMarker = func(m string) {
 				if m == "backlog" {
-					go func() { wrote <- writeOnceStarted(admin, logs) }()
+					go func() { wrote <- writeOnceStarted(admin, logs, "end") }()
 				}
 			}
 		}
@@ -209,8 +216,8 @@ func TestCatchUpDeliversWhatTheWalsenderDelivers(t *testing.T) {
 }
 
 // writeOnceStarted waits until the log says the walsender started, then
-// writes a transaction, an update and the marker "end".
-func writeOnceStarted(admin *pgx.Conn, logs *logRecorder) error {
+// writes a transaction, an update and the marker end.
+func writeOnceStarted(admin *pgx.Conn, logs *logRecorder, end string) error {
 	for deadline := time.Now().Add(time.Minute); len(logs.find(slog.LevelInfo, "stream started")) == 0; {
 		if time.Now().After(deadline) {
 			return errors.New("the walsender did not start")
@@ -220,7 +227,7 @@ func writeOnceStarted(admin *pgx.Conn, logs *logRecorder) error {
 	for _, sql := range []string{
 		"INSERT INTO items VALUES (200000, 'after the catch-up', 2, NULL)",
 		"UPDATE wide SET pad = 'changed' WHERE id = 1",
-		fmt.Sprintf("SELECT pg_logical_emit_message(false, '%s', 'end')", markerPrefix),
+		fmt.Sprintf("SELECT pg_logical_emit_message(false, '%s', '%s')", markerPrefix, end),
 	} {
 		if _, err := admin.Exec(context.Background(), sql); err != nil {
 			return err
@@ -464,4 +471,165 @@ func TestCatchUpEmitErrorStopsAndResumeRedelivers(t *testing.T) {
 	assert.Equal(t, "200", text(t, txs[0].changes[0].New[0]))
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
+}
+
+// catchUpLeftovers lists, at once (no waiting), the copies of slots the
+// catch-up made that still exist on admin's database, and the sessions
+// holding them.
+func catchUpLeftovers(t *testing.T, admin *pgx.Conn) []string {
+	t.Helper()
+	rows, err := admin.Query(context.Background(), `SELECT slot_name || coalesce(' (active pid ' || active_pid || ')', '')
+		FROM pg_replication_slots WHERE database = current_database() AND starts_with(slot_name, $1)`, siphon.CatchUpSlotPrefixForTest)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return left
+}
+
+// TestCatchUpSwitchWhileTheSlotAdvances switches from the catch-up to the
+// walsender while the slot is being advanced all the time (a status
+// interval of a millisecond, over a backlog the server takes a while to
+// fast-forward through): the walsender must find the slot free, every
+// time, and no copy of the slot may remain once StreamChanges returns.
+func TestCatchUpSwitchWhileTheSlotAdvances(t *testing.T) {
+	t.Parallel()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, "CREATE TABLE items (id int PRIMARY KEY, name text, qty int, note text)",
+		"CREATE TABLE wide (id int PRIMARY KEY, pad text)")
+	c, logs, slot, start := catchUpConnAt(t, dsn, siphon.WithStatusInterval(time.Millisecond))
+	c.SetCatchUpForTest(siphon.CatchUpForTest{MinChunk: 1 << 20, MaxChunk: 1 << 20, Workers: 2})
+	execSQL(t, admin, `DO $$ BEGIN
+		FOR i IN 1..150 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 100) k; COMMIT; END LOOP;
+		END $$`)
+	pos := start
+	for round := range 3 {
+		// Markers of the round's own: a resume from the last commit reads
+		// the markers of the round before again.
+		backlog, endMarker := fmt.Sprint("backlog", round), fmt.Sprint("end", round)
+		emitMarker(t, admin, backlog)
+		wrote := make(chan error, 1)
+		changes, end := collectUntil(t, c, pos, endMarker, func(m string) {
+			if m == backlog {
+				go func() { wrote <- writeOnceStarted(admin, logs, endMarker) }()
+			}
+		})
+		require.NoError(t, <-wrote)
+		assert.Empty(t, catchUpLeftovers(t, admin), "round %d: copies of the slot left once StreamChanges returned", round)
+		txs := transactions(t, changes)
+		want := 3 // the round's backlog, what came after the switch
+		if round == 0 {
+			want = 151
+		}
+		require.Len(t, txs, want, "round %d", round)
+		assert.Equal(t, "after the catch-up", text(t, txs[len(txs)-1].changes[0].New[1]), "round %d", round)
+		// The next round starts behind again.
+		execSQL(t, admin, "DELETE FROM items", "UPDATE wide SET pad = pad || 'x' WHERE id % 1000 <= 40")
+		logs.reset()
+		pos = end
+	}
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot)
+}
+
+// reset forgets the lines logged so far.
+func (r *logRecorder) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lines = nil
+}
+
+// TestCatchUpAdvanceCutShortFreesTheSlot: an advance of the slot that ctx
+// cuts short (the catch-up stopping, or switching to the walsender, while
+// the server fast-forwards the slot through a long backlog) returns only
+// once the slot is free again: the walsender that follows must not find
+// it active.
+func TestCatchUpAdvanceCutShortFreesTheSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, "CREATE TABLE wide (id int PRIMARY KEY, pad text)")
+	c, _, slot, _ := catchUpConnAt(t, dsn)
+	execSQL(t, admin, `DO $$ BEGIN
+		FOR i IN 1..400 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 100) k; COMMIT; END LOOP;
+		END $$`)
+	var flushed string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&flushed))
+	to, err := canonical.ParsePosition(flushed) // an advance goes no further
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+	began := time.Now()
+	err = c.AdvanceSlotForTest(short, to)
+	took := time.Since(began)
+	cancel()
+	var active bool
+	require.NoError(t, admin.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active))
+	assert.False(t, active, "the slot is free once the advance returned (%v, %v)", took, err)
+	if err == nil {
+		t.Logf("the advance finished within %v: nothing was cut short", took)
+	}
+	require.NoError(t, c.AdvanceSlotForTest(ctx, to))
+	assert.Equal(t, to, slotConfirmed(t, admin, slot))
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot)
+}
+
+// blockingWriter passes writes on to w, but its second write first waits
+// until hold returns.
+type blockingWriter struct {
+	w      io.Writer
+	writes int
+	hold   func()
+}
+
+func (b *blockingWriter) Write(p []byte) (int, error) {
+	if b.writes++; b.writes == 2 {
+		b.hold()
+	}
+	return b.w.Write(p)
+}
+
+// TestCatchUpIncrementalSlotTakenMeanwhile: an incremental backup moves
+// the slot no further than since, but a walsender that takes the slot
+// while it catches up still stops it with ErrSlotInUse, as it would the
+// walsender's own start.
+func TestCatchUpIncrementalSlotTakenMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, "CREATE TABLE wide (id int PRIMARY KEY, pad text)")
+	c, logs, slot, since := catchUpConnAt(t, dsn, siphon.WithStatusInterval(20*time.Millisecond))
+	execSQL(t, admin, `DO $$ BEGIN
+		FOR i IN 1..100 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 20) k; COMMIT; END LOOP;
+		END $$`)
+
+	other, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot))
+	require.NoError(t, err)
+	defer other.Close()
+	other.NoCatchUpForTest()
+	otherCtx, stopOther := context.WithCancel(ctx)
+	otherDone := make(chan error, 1)
+	w := &blockingWriter{w: io.Discard, hold: func() {
+		go func() {
+			_, err := other.StreamChanges(otherCtx, since, func(canonical.Change) error { return nil })
+			otherDone <- err
+		}()
+		require.Eventually(t, func() bool { return slotIsActive(t, admin, slot) }, 10*time.Second, 5*time.Millisecond)
+	}}
+	_, err = c.BackupIncremental(ctx, since, w)
+	assert.ErrorIs(t, err, siphon.ErrSlotInUse, "the slot was taken meanwhile")
+	assert.NotEmpty(t, logs.find(slog.LevelInfo, catchUpStarted))
+	assert.Equal(t, 2, min(w.writes, 2), "the slot was taken during the backup")
+	assert.Empty(t, catchUpLeftovers(t, admin), "copies of the slot left once BackupIncremental returned")
+	stopOther()
+	require.NoError(t, <-otherDone)
+	require.NoError(t, other.Close())
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot)
+}
+
+// slotIsActive reads whether a session holds slot.
+func slotIsActive(t *testing.T, admin *pgx.Conn, slot string) bool {
+	var active bool
+	err := admin.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+	return err == nil && active
 }
