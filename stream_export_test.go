@@ -43,6 +43,9 @@ func (c *Conn) SetCatchUpForTest(t CatchUpForTest) {
 // NoCatchUpForTest makes c's streams read through the walsender only.
 func (c *Conn) NoCatchUpForTest() { c.catchUpTuning = catchUpSettings{set: true, startAt: -1} }
 
+// CatchUpRedecodeRatioForTest is the default of CatchUpForTest.RedecodeRatio.
+const CatchUpRedecodeRatioForTest = catchUpRedecodeRatio
+
 // CatchUpSlotPrefixForTest starts the names of the catch-up's copies of the slot.
 const CatchUpSlotPrefixForTest = catchUpSlotPrefix
 
