@@ -119,6 +119,18 @@ func (e *ResumeGapError) Error() string {
 //
 // Memory stays bounded however large a transaction is: a few hundred
 // decoded changes at most wait for emit.
+//
+// A stream that starts far behind (32 MiB of WAL or more between from and
+// the server's WAL position) first catches up through the SQL interface,
+// which is up to about twice as fast as a walsender (BenchmarkCatchUp): it
+// reads the backlog in chunks (pg_logical_slot_peek_binary_changes) from
+// temporary copies of the slot, which need up to 2 more sessions and 2
+// more replication slots (max_replication_slots) while it runs, and then
+// goes on through the walsender. What emit receives, the Positions and the
+// acknowledgements are the same either way; the slot is moved
+// (pg_replication_slot_advance) only to what was acknowledged. With no
+// room for a copy of the slot or a session, the stream reads everything
+// through the walsender.
 func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
 	if emit == nil {
 		return from, fmt.Errorf("siphon: stream changes: emit: %w", ErrNilCallback)

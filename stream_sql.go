@@ -331,6 +331,9 @@ func (c *Conn) openCatchUpWorker(ctx context.Context) (*catchUpWorker, error) {
 		return nil, ErrClosed
 	}
 	config := c.config.Copy()
+	// A chunk may take a while: a statement_timeout of the caller's
+	// sessions would fail a stream the walsender would have read.
+	config.RuntimeParams["statement_timeout"] = "0"
 	config.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: closeTimeout}
 	}

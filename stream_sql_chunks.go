@@ -2,6 +2,7 @@ package siphon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -23,6 +24,12 @@ const peekQuery = `SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::
 // off, the WAL writer flushes what was committed within a few
 // wal_writer_delay (200 ms by default).
 const flushPoll = 10 * time.Millisecond
+
+// SQLSTATEs of a chunk the server could not materialize.
+const (
+	codeDiskFull    = "53100"
+	codeOutOfMemory = "53200"
+)
 
 // catchUpChunk is one chunk: read the records that start in [start, end),
 // or with final, none: the catch-up ends at start.
@@ -73,6 +80,20 @@ func (p *catchUpPlan) take(ctx context.Context, w *catchUpWorker) *catchUpChunk 
 	}
 	return ch
 }
+
+// stop ends the plan: no chunk is handed out after those already are.
+func (p *catchUpPlan) stop(reason string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ended, p.reason = true, reason
+}
+
+// chunkRefusedError: the server could not read a chunk for lack of a
+// resource (temp_file_limit for the result it materializes, disk,
+// memory), before any of it was delivered.
+type chunkRefusedError struct{ err error }
+
+func (e *chunkRefusedError) Error() string { return e.err.Error() }
 
 // outcome describes how far the catch-up got, for the log.
 func (p *catchUpPlan) outcome() []any {
@@ -217,12 +238,21 @@ func (w *catchUpWorker) run(ctx context.Context, p *catchUpPlan, d *catchUpDeliv
 			}
 			return
 		}
-		if err := w.read(ctx, ch, d, resolve); err != nil {
-			if err != errCatchUpStopped {
-				d.fail(ch, err)
+		err := w.read(ctx, ch, d, resolve)
+		var refused *chunkRefusedError
+		switch {
+		case err == nil:
+			continue
+		case errors.As(err, &refused):
+			// Nothing of the chunk was delivered: the walsender reads it.
+			p.stop(fmt.Sprintf("the server could not materialize a chunk of %d bytes of WAL: %v", ch.end-ch.start, refused.err))
+			if d.send(ch, []item{{kind: itemCaughtUp, walEnd: ch.start}}) {
+				d.finish(ch)
 			}
-			return
+		case err != errCatchUpStopped:
+			d.fail(ch, err)
 		}
+		return
 	}
 }
 
@@ -242,6 +272,7 @@ func (w *catchUpWorker) read(ctx context.Context, ch *catchUpChunk, d *catchUpDe
 	defer rows.Close()
 	dec := pgoutput.NewDecoder(resolve)
 	b := d.newBatch()
+	delivered := false // a batch of the chunk went to the loop
 	for rows.Next() {
 		b = append(b, item{kind: itemChange})
 		it := &b[len(b)-1]
@@ -257,10 +288,13 @@ func (w *catchUpWorker) read(ctx context.Context, ch *catchUpChunk, d *catchUpDe
 			if !d.send(ch, b) {
 				return errCatchUpStopped
 			}
-			b = d.newBatch()
+			delivered, b = true, d.newBatch()
 		}
 	}
 	if err := rows.Err(); err != nil {
+		if !delivered && isCode(err, codeConfigLimitExceeded, codeDiskFull, codeOutOfMemory) {
+			return &chunkRefusedError{err: err}
+		}
 		return fmt.Errorf("read changes up to %v: %w", ch.end, err)
 	}
 	if len(b) > 0 && !d.send(ch, b) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -550,13 +551,13 @@ func TestCatchUpAdvanceCutShortFreesTheSlot(t *testing.T) {
 	execSQL(t, admin, "CREATE TABLE wide (id int PRIMARY KEY, pad text)")
 	c, _, slot, _ := catchUpConnAt(t, dsn)
 	execSQL(t, admin, `DO $$ BEGIN
-		FOR i IN 1..400 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 100) k; COMMIT; END LOOP;
+		FOR i IN 1..200 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 100) k; COMMIT; END LOOP;
 		END $$`)
 	var flushed string
 	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&flushed))
 	to, err := canonical.ParsePosition(flushed) // an advance goes no further
 	require.NoError(t, err)
-	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 2*time.Millisecond)
 	began := time.Now()
 	err = c.AdvanceSlotForTest(short, to)
 	took := time.Since(began)
@@ -632,4 +633,52 @@ func slotIsActive(t *testing.T, admin *pgx.Conn, slot string) bool {
 	var active bool
 	err := admin.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 	return err == nil && active
+}
+
+// withSessionOptions returns dsn with server settings ("name=value")
+// added to every session's startup options.
+func withSessionOptions(t *testing.T, dsn string, settings ...string) string {
+	t.Helper()
+	options := "-c " + strings.Join(settings, " -c ")
+	if !strings.Contains(dsn, "://") {
+		return dsn + " options='" + options + "'"
+	}
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("options", options)
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads no + as a space
+	return u.String()
+}
+
+// TestCatchUpChunkTheServerCannotHoldGoesToTheWalsender: a chunk whose
+// result the server cannot materialize (here past temp_file_limit) is read
+// by the walsender instead of failing the stream, with nothing delivered
+// twice.
+func TestCatchUpChunkTheServerCannotHoldGoesToTheWalsender(t *testing.T) {
+	t.Parallel()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, "CREATE TABLE wide (id int PRIMARY KEY, pad text)")
+	first, _, slot, start := catchUpConnAt(t, dsn)
+	require.NoError(t, first.Close())
+	limited := withSessionOptions(t, dsn, "temp_file_limit=1024")
+	c, logs := catchUpConn(t, limited, slot)
+	c.SetCatchUpForTest(siphon.CatchUpForTest{MinChunk: 64 << 20, MaxChunk: 64 << 20})
+	execSQL(t, admin, `DO $$ BEGIN
+		FOR i IN 1..100 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 100) k; COMMIT; END LOOP;
+		END $$`)
+	emitMarker(t, admin, "end")
+	changes, _ := collectUntilEnd(t, c, start, nil)
+	txs := transactions(t, changes)
+	require.Len(t, txs, 100)
+	for i, tx := range txs {
+		require.Len(t, tx.changes, 100, "transaction %d", i)
+		assert.Equal(t, fmt.Sprint((i+1)*1000+1), text(t, tx.changes[0].New[0]), "transaction %d", i)
+	}
+	assert.NotEmpty(t, logs.find(slog.LevelInfo, catchUpStarted))
+	if switched := logs.find(slog.LevelInfo, catchUpSwitched); assert.Len(t, switched, 1) {
+		assert.Contains(t, switched[0], "could not materialize")
+	}
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot)
 }
