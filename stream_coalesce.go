@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -48,8 +49,10 @@ type coalescingConn struct {
 	lastRead time.Time
 	// beforeRead, when set, runs before each read from the socket (when
 	// everything read so far was consumed); an error it returns is the
-	// read's.
-	beforeRead func() error
+	// read's. Atomic: the stream's reader unsets it as it ends while
+	// pgconn, after a failed read, may drain the socket from a goroutine
+	// of its own.
+	beforeRead atomic.Pointer[func() error]
 
 	mu    sync.Mutex
 	outer time.Time // the deadline set from outside
@@ -112,8 +115,8 @@ func (c *coalescingConn) Read(b []byte) (int, error) {
 		return n, nil
 	}
 	c.r, c.w = 0, 0
-	if c.beforeRead != nil {
-		if err := c.beforeRead(); err != nil {
+	if before := c.beforeRead.Load(); before != nil {
+		if err := (*before)(); err != nil {
 			return 0, err
 		}
 	}

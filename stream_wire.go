@@ -103,8 +103,9 @@ func (w *wire) run() {
 		// What was decoded goes to the loop before the reader waits for
 		// more: batches follow what arrived together, and nothing decoded
 		// waits on the network.
-		w.sock.beforeRead = w.flush
-		defer func() { w.sock.beforeRead = nil }()
+		flush := w.flush
+		w.sock.beforeRead.Store(&flush)
+		defer w.sock.beforeRead.Store(nil)
 	}
 	// A first status update right away: it confirms the start position and,
 	// when probing, asks for a keepalive.
