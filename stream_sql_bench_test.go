@@ -70,6 +70,7 @@ func benchCatchUp(b *testing.B, work benchWorkload) {
 				b.StartTimer()
 				took[j] = sides[j].run(b, slot).took
 			}
+			b.Logf("iteration %d: catch-up %v, walsender %v, server decode %v", i, took[0], took[1], took[2])
 			overDecode = append(overDecode, took[2].Seconds()/took[0].Seconds())
 			overWalsender = append(overWalsender, took[1].Seconds()/took[0].Seconds())
 		}
