@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +31,9 @@ const (
 	faultChildTarget = "SIPHON_FAULT_CHILD_TARGET"
 	faultChildSlot   = "SIPHON_FAULT_CHILD_SLOT"
 	faultChildSystem = "SIPHON_FAULT_CHILD_SYSTEM_ID"
+	// faultChildCatchUp set makes the child catch up every backlog
+	// through the SQL interface, in small chunks, and report it.
+	faultChildCatchUp = "SIPHON_FAULT_CHILD_CATCHUP"
 )
 
 // faultEndPrefix is the prefix of the transactional message in the last
@@ -43,6 +48,14 @@ const (
 	markStart  = "S"
 	markBegin  = "B"
 	markCommit = "C"
+)
+
+// With faultChildCatchUp, the child also reports "U" when a stream starts
+// catching up through the SQL interface and "W" when the walsender starts
+// (from the stream's log).
+const (
+	markCatchUp   = "U"
+	markWalsender = "W"
 )
 
 var faultDDL = []string{
@@ -164,8 +177,13 @@ const (
 // once the child's sessions are gone, where the kill landed.
 func killedWhere(t *testing.T, out string, tgtConn *pgx.Conn, origin string) string {
 	t.Helper()
-	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-	last := lines[len(lines)-1]
+	lines := slices.DeleteFunc(strings.Split(strings.TrimSuffix(out, "\n"), "\n"), func(l string) bool {
+		return l == markCatchUp || l == markWalsender
+	})
+	last := ""
+	if len(lines) > 0 {
+		last = lines[len(lines)-1]
+	}
 	switch {
 	case last == "" || last == markStart:
 		return killedBeforeAny
@@ -252,12 +270,19 @@ func faultChild() error {
 	slot, systemID := os.Getenv(faultChildSlot), os.Getenv(faultChildSystem)
 	// Acknowledge at once, so that kills land after acknowledgements too
 	// and an acknowledgement ahead of the target would show.
-	src, err := siphon.Connect(ctx, os.Getenv(faultChildSource), siphon.WithSlot(slot),
-		siphon.WithStatusInterval(time.Millisecond))
+	opts := []siphon.Option{siphon.WithSlot(slot), siphon.WithStatusInterval(time.Millisecond)}
+	catchUp := os.Getenv(faultChildCatchUp) != ""
+	if catchUp {
+		opts = append(opts, siphon.WithLogger(slog.New(markHandler{})))
+	}
+	src, err := siphon.Connect(ctx, os.Getenv(faultChildSource), opts...)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
+	if catchUp {
+		src.SetCatchUpForTest(siphon.CatchUpForTest{MinChunk: 256 << 10, MaxChunk: 256 << 10, Workers: 2})
+	}
 	tgt, err := siphon.Connect(ctx, os.Getenv(faultChildTarget))
 	if err != nil {
 		return err
@@ -353,6 +378,25 @@ func captureOnce(ctx context.Context, src, tgt *siphon.Conn, systemID, slot stri
 	<-consumed
 	return 0, errors.Join(err, consumeErr)
 }
+
+// markHandler prints markCatchUp and markWalsender on stdout when the
+// stream logs that it starts catching up, or that the walsender starts.
+type markHandler struct{}
+
+func (markHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (markHandler) Handle(_ context.Context, rec slog.Record) error {
+	switch rec.Message {
+	case catchUpStarted:
+		fmt.Println(markCatchUp)
+	case "stream started":
+		fmt.Println(markWalsender)
+	}
+	return nil
+}
+
+func (h markHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h markHandler) WithGroup(string) slog.Handler      { return h }
 
 // errConsumerStopped: ConsumeCanonical returned while the stream went on.
 var errConsumerStopped = errors.New("the consumer stopped")

@@ -65,7 +65,8 @@ func leftovers(ctx context.Context, conn *pgx.Conn, keepSlots []string) ([]strin
 // checkNothingLeftRunning is assertNoLeaks for the end of any test that
 // used the database dsn: the slots the test made on purpose may remain
 // (the database's drop removes them), but no snapshot slot ("siphon_snap_"
-// prefix: they must die with their snapshot), walsender, advisory lock or
+// prefix: they must die with their snapshot), copy of a slot for a
+// stream's catch-up ("siphon_catchup_"), walsender, advisory lock or
 // siphon session.
 func checkNothingLeftRunning(t testing.TB, dsn string) {
 	t.Helper()
@@ -73,7 +74,8 @@ func checkNothingLeftRunning(t testing.TB, dsn string) {
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	rows, err := conn.Query(ctx, `SELECT slot_name FROM pg_replication_slots
-		WHERE database = current_database() AND NOT starts_with(slot_name, 'siphon_snap_')`)
+		WHERE database = current_database() AND NOT starts_with(slot_name, 'siphon_snap_')
+			AND NOT starts_with(slot_name, 'siphon_catchup_')`)
 	require.NoError(t, err)
 	kept, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	conn.Close(ctx)

@@ -72,7 +72,9 @@ type ReplicateProgress struct {
 // a Replicate that is killed and started again loses and repeats nothing.
 // Capture and apply run side by side: while the target applies, the next
 // transactions are read. Memory stays bounded however large a
-// transaction is.
+// transaction is. A source far behind is caught up through the SQL
+// interface first, with up to 2 more sessions and 2 temporary slots on
+// the source (see [Conn.StreamChanges]).
 //
 // Schema changes are applied at their place (see the package
 // documentation on schema changes), and the target's sequences are set to

@@ -210,6 +210,9 @@ type Conn struct {
 	bases heldBases
 	// captureWarning says once that schema changes are not captured.
 	captureWarning sync.Once
+	// catchUp tunes the SQL catch-up of a stream; the zero value means
+	// the defaults (see stream_sql.go). Only tests change it.
+	catchUpTuning catchUpSettings
 }
 
 // Connect checks the options, connects to the database dsn names (a

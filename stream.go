@@ -63,6 +63,18 @@ import (
 //
 // Memory stays bounded however large a transaction is: a few hundred
 // decoded changes at most wait for emit.
+//
+// A stream that starts far behind (32 MiB of WAL or more between from and
+// the server's WAL position) first catches up through the SQL interface,
+// which is up to about twice as fast as a walsender (BenchmarkCatchUp): it
+// reads the backlog in chunks (pg_logical_slot_peek_binary_changes) from
+// temporary copies of the slot, which need up to 2 more sessions and 2
+// more replication slots (max_replication_slots) while it runs, and then
+// goes on through the walsender. What emit receives, the Positions and the
+// acknowledgements are the same either way; the slot is moved
+// (pg_replication_slot_advance) only to what was acknowledged. With no
+// room for a copy of the slot or a session, the stream reads everything
+// through the walsender.
 func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
 	if emit == nil {
 		return from, errorf("siphon: stream changes: emit: %w", ErrNilCallback)
@@ -149,6 +161,7 @@ type streamInfo struct {
 type streamResult struct {
 	resume       canonical.Position // where to resume from
 	reachedBound bool
+	caughtUp     bool // the SQL catch-up ended: the walsender goes on
 }
 
 // slotInUseWait bounds how long stream waits for a slot that is active,
@@ -270,7 +283,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 	}
 	st := &streamState{
 		cfg: cfg, emit: emit, slot: c.opts.slot, ddl: newSchemaChanges(c.tables, c.log),
-		startConfirmed: slot.confirmed, lastEnd: max(cfg.from, slot.confirmed),
+		startConfirmed: slot.confirmed, lastEnd: max(cfg.from, slot.confirmed), seen: max(cfg.from, slot.confirmed),
 	}
 	st.acked.Store(uint64(max(cfg.from, slot.confirmed)))
 	now, boundary, err := c.insertPosition(ctx)
@@ -284,7 +297,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		// Only a heartbeat written when the slot was advanced can show that
 		// nothing was published between from and the slot's position; wait
 		// for it until the walsender has read all WAL written so far.
-		st.pendingGap, st.lastEnd, st.probeEnd = true, cfg.from, boundary
+		st.pendingGap, st.lastEnd, st.seen, st.probeEnd = true, cfg.from, cfg.from, boundary
 	}
 	res.resume = st.resumePos()
 	timeout, err := c.senderTimeout(ctx)
@@ -297,7 +310,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		return setupFailed(ctx, res, err, res.resume)
 	}
 	defer c.closeReplication(conn)
-	args, err := c.pluginArgs(ctx, conn) // before onStart, which may write a header
+	options, err := c.pluginOptions(ctx, conn.ParameterStatus("server_version")) // before onStart, which may write a header
 	if err != nil {
 		return setupFailed(ctx, res, err, res.resume)
 	}
@@ -310,36 +323,55 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 			return res, err
 		}
 	}
-	err = pglogrepl.StartReplication(ctx, conn, c.opts.slot, pglogrepl.LSN(cfg.from), pglogrepl.StartReplicationOptions{
-		PluginArgs: args,
+	start := cfg.from
+	if goal, ok := c.catchUpGoal(st, boundary); ok {
+		caught, err := c.catchUp(ctx, st, options, goal)
+		if err != nil || !caught.caughtUp || caught.reachedBound {
+			return caught, err
+		}
+		start = st.lastEnd // the walsender goes on from the last transaction delivered
+	}
+	err = pglogrepl.StartReplication(ctx, conn, c.opts.slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
+		PluginArgs: replicationArgs(options),
 	})
 	if err != nil {
-		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.resume)
+		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), st.resumePos())
 	}
-	c.log.Info("stream started", "slot", c.opts.slot, "from", cfg.from, "slot_position", slot.confirmed)
+	c.log.Info("stream started", "slot", c.opts.slot, "from", start, "slot_position", slot.confirmed)
 	return c.run(ctx, conn, sock, st, timeout)
 }
 
-// pluginArgs returns pgoutput's arguments for the replication session
-// conn: protocol 1, the publications, logical decoding messages, and with
-// WithLocalChangesOnly origin 'none', which a server older than 16 refuses.
-func (c *Conn) pluginArgs(ctx context.Context, conn *pgconn.PgConn) ([]string, error) {
+// pluginOptions returns pgoutput's options, name and value in turn, for a
+// server of version serverVersion: protocol 1, the publications, logical
+// decoding messages, and with WithLocalChangesOnly origin none, which a
+// server older than 16 refuses.
+func (c *Conn) pluginOptions(ctx context.Context, serverVersion string) ([]string, error) {
 	publications, err := c.publicationNames(ctx)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"proto_version '1'", "publication_names '" + publications + "'", "messages 'true'"}
+	options := []string{"proto_version", "1", "publication_names", publications, "messages", "true"}
 	if !c.opts.localOnly {
-		return args, nil
+		return options, nil
 	}
-	server, err := pgdump.ParseVersion(conn.ParameterStatus("server_version"))
+	server, err := pgdump.ParseVersion(serverVersion)
 	if err != nil {
 		return nil, errorf("siphon: stream changes: server version: %w", err)
 	}
 	if err := needRelease("WithLocalChangesOnly", 16, server); err != nil {
 		return nil, err
 	}
-	return append(args, "origin 'none'"), nil
+	return append(options, "origin", "none"), nil
+}
+
+// replicationArgs writes pgoutput's options (see pluginOptions) as
+// START_REPLICATION's arguments.
+func replicationArgs(options []string) []string {
+	args := make([]string, 0, len(options)/2)
+	for i := 0; i+1 < len(options); i += 2 {
+		args = append(args, options[i]+" '"+options[i+1]+"'")
+	}
+	return args
 }
 
 // closeReplication closes a replication session and waits (briefly) until
@@ -398,7 +430,7 @@ func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn
 		hb.stop()
 	}()
 
-	res, err := st.loop(ctx, w, hb.requests, statusEvery)
+	res, err := st.loop(ctx, w.out, w.free, hb.requests, statusEvery)
 	res.resume = st.resumePos()
 	if err != nil {
 		return res, wrapStreamError(err, res.resume)

@@ -82,6 +82,13 @@ type streamRun struct {
 // siphon streams a copy of the slot to a no-op emit (values are decoded
 // all the same) until the marker, and checks every change arrived.
 func (s *benchSource) siphon(b *testing.B, slot string) streamRun {
+	return s.siphonTuned(b, slot, nil)
+}
+
+// siphonTuned is siphon with tune applied to the Conn first (nil: as
+// connected). The server side it measures is every session of siphon's
+// (the walsender, the catch-up's and the pool's).
+func (s *benchSource) siphonTuned(b *testing.B, slot string, tune func(*siphon.Conn)) streamRun {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -90,8 +97,16 @@ func (s *benchSource) siphon(b *testing.B, slot string) streamRun {
 		b.Fatal(err)
 	}
 	defer c.Close()
+	if tune != nil {
+		tune(c)
+	}
 	var got benchWorkload
-	watch := s.watchBackend(slot)
+	var watch func() (schedStat, bool)
+	if tune == nil {
+		watch = s.watchBackend(slot)
+	} else {
+		watch = watchBackends(s.dsn, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'siphon'")
+	}
 	client0 := selfSched()
 	began := time.Now()
 	_, err = c.StreamChanges(ctx, 0, func(ch canonical.Change) error {

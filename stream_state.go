@@ -74,6 +74,13 @@ type streamState struct {
 
 	inTx     bool // between OpBegin and OpCommit
 	skipping bool // the open transaction was delivered before from
+	// seen is the end of the last thing delivered: a transaction's end or
+	// a non-transactional message's position (or the start position). A
+	// transaction whose commit starts before it, or a message at or
+	// before it, was delivered already: by an earlier session, or by
+	// the SQL catch-up when the walsender starts behind where it ended.
+	// Within one walsender session everything comes past it.
+	seen canonical.Position
 	// ddl turns the schema capture's rows into OpDDL changes.
 	ddl *schemaChanges
 
@@ -81,6 +88,7 @@ type streamState struct {
 	lastAnchorEnd canonical.Position // where the last heartbeat read ended
 	anchorAsked   time.Time
 	reachedBound  bool
+	caughtUp      bool // the SQL catch-up read all it was to read
 }
 
 func (st *streamState) ackedPos() canonical.Position { return canonical.Position(st.acked.Load()) }
@@ -92,10 +100,11 @@ func (st *streamState) ackedPos() canonical.Position { return canonical.Position
 // records its OpCommit Positions holds the same value.
 func (st *streamState) resumePos() canonical.Position { return st.lastEnd }
 
-// loop receives decoded batches and handles them in order until ctx ends,
-// the bound is reached, or an error. It also asks for heartbeats when the
-// stream is idle.
-func (st *streamState) loop(ctx context.Context, w *wire, heartbeatRequests chan<- struct{}, tickEvery time.Duration) (streamResult, error) {
+// loop receives decoded batches from in and handles them in order until
+// ctx ends, the bound is reached, the SQL catch-up is over, or an error. It
+// hands emptied batches back through free. It also asks for heartbeats
+// (through heartbeatRequests, nil for none) when the stream is idle.
+func (st *streamState) loop(ctx context.Context, in <-chan []item, free chan<- []item, heartbeatRequests chan<- struct{}, tickEvery time.Duration) (streamResult, error) {
 	st.lastEndShared.Store(uint64(st.lastEnd))
 	tick := time.NewTicker(tickEvery)
 	defer tick.Stop()
@@ -106,31 +115,40 @@ func (st *streamState) loop(ctx context.Context, w *wire, heartbeatRequests chan
 		case <-tick.C:
 			st.syncDurable()
 			st.maybeAskHeartbeat(heartbeatRequests, tickEvery)
-		case b := <-w.out:
+		case b := <-in:
 			for i := range b {
 				if ctx.Err() != nil {
 					return streamResult{}, nil
 				}
 				done, err := st.handle(&b[i])
 				if err != nil || done {
-					return streamResult{reachedBound: st.reachedBound}, err
+					return streamResult{reachedBound: st.reachedBound, caughtUp: st.caughtUp}, err
 				}
 			}
 			st.syncDurable()
 			clear(b) // drop the rows: emit may keep them, the batch may not
 			select {
-			case w.free <- b[:0]:
+			case free <- b[:0]:
 			default:
 			}
 		}
 	}
 }
 
-// handle handles one item; done reports that the bound was reached.
+// handle handles one item; done reports that the bound was reached or
+// the SQL catch-up is over.
 func (st *streamState) handle(it *item) (done bool, err error) {
 	switch it.kind {
 	case itemError:
 		return false, it.err
+	case itemCaughtUp:
+		// Everything before walEnd was read, as a keepalive says; what
+		// follows is the walsender's.
+		st.caughtUp = true
+		if st.cfg.bound != 0 && it.walEnd >= st.cfg.bound {
+			st.reachedBound = true
+		}
+		return true, nil
 	case itemKeepalive:
 		st.serverEnd = max(st.serverEnd, it.walEnd)
 		if st.inTx {
@@ -154,8 +172,9 @@ func (st *streamState) handle(it *item) (done bool, err error) {
 		st.inTx = true
 		st.ddl.begin()
 		// A transaction whose commit starts before from ends at or before
-		// it: the consumer has it. (PostgreSQL skips these too.)
-		if ch.Position < st.cfg.from {
+		// it: the consumer has it. (PostgreSQL skips these too.) The same
+		// holds for one delivered earlier in this stream.
+		if ch.Position < st.seen {
 			st.skipping = true
 			return false, nil
 		}
@@ -175,7 +194,7 @@ func (st *streamState) handle(it *item) (done bool, err error) {
 		if err := st.deliver(ch); err != nil {
 			return false, err
 		}
-		st.lastEnd = ch.Position
+		st.lastEnd, st.seen = ch.Position, ch.Position
 		st.lastEndShared.Store(uint64(ch.Position))
 		if !st.cfg.holdAck && st.cfg.durable == nil && ch.Position > st.ackedPos() {
 			st.acked.Store(uint64(ch.Position))
@@ -190,13 +209,19 @@ func (st *streamState) handle(it *item) (done bool, err error) {
 		}
 		if !ch.Message.Transactional {
 			switch {
-			case st.pendingGap || ch.Position <= st.cfg.from:
-				// Before the resume point: handled by an earlier session.
+			case st.pendingGap || ch.Position <= st.seen:
+				// Before the resume point: handled by an earlier session,
+				// or delivered already.
 				return false, nil
 			case st.cfg.bound != 0 && ch.Position > st.cfg.bound:
 				st.reachedBound = true
 				return true, nil
 			}
+			if err := st.deliver(ch); err != nil {
+				return false, err
+			}
+			st.seen = ch.Position
+			return false, nil
 		}
 	}
 	if st.skipping {

@@ -59,6 +59,7 @@ const (
 	itemChange    itemKind = iota // ch holds a decoded change
 	itemKeepalive                 // walEnd holds the server's WAL end
 	itemError                     // err ended the session
+	itemCaughtUp                  // the SQL catch-up read everything before walEnd
 )
 
 // item is what the reader hands to the stream loop, in stream order.
@@ -102,8 +103,8 @@ func (w *wire) run() {
 	// What was decoded goes to the loop before the reader waits for more:
 	// batches follow what arrived together, and nothing decoded waits on
 	// the network.
-	w.sock.BeforeRead = w.flush
-	defer func() { w.sock.BeforeRead = nil }()
+	w.sock.SetBeforeRead(w.flush)
+	defer w.sock.SetBeforeRead(nil)
 	// A first status update right away: it confirms the start position and,
 	// when probing, asks for a keepalive.
 	if err := w.sendStatus(w.probing.Load()); err != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -35,7 +36,7 @@ const (
 // busy again, so an idle stream is read as promptly as before.
 //
 // It also tells its reader when the data read so far is used up
-// (BeforeRead), so that what was decoded from it is handed on in batches as
+// (SetBeforeRead), so that what was decoded from it is handed on in batches as
 // large as what arrived together.
 //
 // Only one goroutine reads. Deadlines, which another
@@ -48,10 +49,11 @@ type Conn struct {
 	r, w     int
 	lowWater bool
 	lastRead time.Time
-	// BeforeRead, when set, runs before each read from the socket (when
-	// everything read so far was consumed); an error it returns is the
-	// read's. Set it from the reading goroutine, or before reads start.
-	BeforeRead func() error
+	// beforeRead, when set, runs before each read from the socket (see
+	// SetBeforeRead). Atomic: the stream's reader unsets it as it ends
+	// while pgconn, after a failed read, may drain the socket from a
+	// goroutine of its own.
+	beforeRead atomic.Pointer[func() error]
 
 	mu    sync.Mutex
 	outer time.Time // the deadline set from outside
@@ -65,6 +67,17 @@ func New(conn net.Conn) *Conn {
 		c.raw, _ = tcp.SyscallConn()
 	}
 	return c
+}
+
+// SetBeforeRead sets fn to run before each read from the socket (when
+// everything read so far was consumed), nil for none; an error fn returns
+// is the read's. It may be called while another goroutine reads.
+func (c *Conn) SetBeforeRead(fn func() error) {
+	if fn == nil {
+		c.beforeRead.Store(nil)
+		return
+	}
+	c.beforeRead.Store(&fn)
 }
 
 // SetReadDeadline sets the outer bound of every read.
@@ -119,8 +132,8 @@ func (c *Conn) Read(b []byte) (int, error) {
 		return n, nil
 	}
 	c.r, c.w = 0, 0
-	if c.BeforeRead != nil {
-		if err := c.BeforeRead(); err != nil {
+	if before := c.beforeRead.Load(); before != nil {
+		if err := (*before)(); err != nil {
 			return 0, err
 		}
 	}
