@@ -24,7 +24,7 @@ const testSlot = "unit_slot"
 // newTestState is a streamState for cfg whose emit records what it gets.
 func newTestState(cfg streamConfig) (*streamState, *[]canonical.Change) {
 	var got []canonical.Change
-	st := &streamState{cfg: cfg, slot: testSlot, lastEnd: cfg.from,
+	st := &streamState{cfg: cfg, slot: testSlot, lastEnd: cfg.from, seen: cfg.from,
 		ddl:  newSchemaChanges(nil, slog.New(slog.NewTextHandler(io.Discard, nil))),
 		emit: func(ch canonical.Change) error { got = append(got, ch); return nil }}
 	st.acked.Store(uint64(cfg.from))
@@ -241,4 +241,30 @@ func TestStreamStateErrorsAndTheCaptureTable(t *testing.T) {
 		require.Equal(t, []canonical.Op{canonical.OpBegin, canonical.OpTruncate, canonical.OpCommit}, ops(*got))
 		assert.Equal(t, []canonical.TableName{app}, (*got)[1].Truncated)
 	})
+}
+
+// TestStreamStateAfterTheCatchUp: the walsender starts from the end of the
+// last transaction the SQL catch-up delivered, and may send again what
+// the catch-up delivered after it (a message, a transaction committed
+// earlier): nothing is delivered twice.
+func TestStreamStateAfterTheCatchUp(t *testing.T) {
+	t.Parallel()
+	st, got := newTestState(streamConfig{from: 0x100})
+	items := append(txItems(0x200, 0x280, "a"), messageItem(0x300, false, "app", nil))
+	n, done, err := feed(st, append(items, item{kind: itemCaughtUp, walEnd: 0x380})...)
+	require.NoError(t, err)
+	assert.True(t, done, "the catch-up's end ends its loop")
+	assert.Equal(t, 5, n)
+	assert.True(t, st.caughtUp)
+	assert.False(t, st.reachedBound)
+	_, _, err = feed(st, append(append(txItems(0x200, 0x280, "a"), messageItem(0x300, false, "app", nil)), txItems(0x400, 0x480, "b")...)...)
+	require.NoError(t, err)
+	require.Len(t, *got, 7, "the first transaction and the message once, then the next transaction")
+	assert.Equal(t, "b", (*got)[5].Table)
+
+	bounded, _ := newTestState(streamConfig{from: 0x100, bound: 0x300})
+	_, done, err = feed(bounded, item{kind: itemCaughtUp, walEnd: 0x300})
+	require.NoError(t, err)
+	assert.True(t, done)
+	assert.True(t, bounded.reachedBound, "a catch-up that read up to the bound ends the incremental")
 }
