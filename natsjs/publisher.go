@@ -177,7 +177,7 @@ func (p *Publisher) Run(ctx context.Context, dsn string, opts ...siphon.Option) 
 			held = a.last
 		}
 		if ctx.Err() != nil {
-			return held, nil
+			return p.settled(held, systemID), nil
 		}
 		if !retryable(err) {
 			return held, err
@@ -190,11 +190,25 @@ func (p *Publisher) Run(ctx context.Context, dsn string, opts ...siphon.Option) 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return held, nil
+			return p.settled(held, systemID), nil
 		case <-t.C:
 		}
 		wait = min(2*wait, p.cfg.MaxRetryWait)
 	}
+}
+
+// settled returns what the stream holds when Run stops: held, the last
+// transaction whose acknowledgements Run saw, or the stream's last commit
+// marker when that is further (a Run stopped while acknowledgements were
+// in flight did not see those of messages JetStream stored). It asks the
+// stream for at most AckWait; a stream it cannot read leaves held.
+func (p *Publisher) settled(held canonical.Position, systemID string) canonical.Position {
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.AckWait)
+	defer cancel()
+	if inStream, err := p.newAttempt(ctx, systemID).resume(); err == nil && inStream > held {
+		return inStream
+	}
+	return held
 }
 
 // retryable reports whether starting over may mend err: a failure to
