@@ -29,18 +29,7 @@ func TestKillDuringCatchUpAppliesEachTransactionOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rounds := envInt(t, "SIPHON_CATCHUP_KILL_ROUNDS", 12)
-	srcDSN, srcConn := newDatabase(t)
-	tgtDSN, tgtConn := newDatabase(t)
-	execSQL(t, srcConn, faultDDL...)
-	execSQL(t, tgtConn, faultDDL...)
-	slot := streamSlot(t)
-	systemID := systemIdentifier(t, srcConn)
-	forgetAppliedPosition(t, tgtDSN, systemID, slot)
-	src, err := siphon.Connect(ctx, srcDSN, siphon.WithSlot(slot))
-	require.NoError(t, err)
-	_, err = src.CurrentPosition(ctx)
-	src.Close()
-	require.NoError(t, err)
+	srcDSN, srcConn, tgtDSN, tgtConn, slot, systemID := faultDatabases(t)
 
 	// The backlog, in batches of transactions sent as one query each.
 	gen := &faultTransactions{}

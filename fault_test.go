@@ -75,21 +75,7 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rounds := envInt(t, "SIPHON_KILL_ROUNDS", 30)
-	srcDSN, srcConn := newDatabase(t)
-	tgtDSN, tgtConn := newDatabase(t)
-	execSQL(t, srcConn, faultDDL...)
-	execSQL(t, tgtConn, faultDDL...)
-	slot := streamSlot(t)
-	systemID := systemIdentifier(t, srcConn)
-	forgetAppliedPosition(t, tgtDSN, systemID, slot)
-
-	// The slot exists before the first transaction, so the stream holds
-	// every one of them.
-	src, err := siphon.Connect(ctx, srcDSN, siphon.WithSlot(slot))
-	require.NoError(t, err)
-	_, err = src.CurrentPosition(ctx)
-	src.Close()
-	require.NoError(t, err)
+	srcDSN, srcConn, tgtDSN, tgtConn, slot, systemID := faultDatabases(t)
 
 	env := []string{faultChildSource + "=" + srcDSN, faultChildTarget + "=" + tgtDSN,
 		faultChildSlot + "=" + slot, faultChildSystem + "=" + systemID}
@@ -131,6 +117,27 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 		"SELECT seq::text, count(*)::text FROM fault_events GROUP BY seq HAVING count(*) > 1 ORDER BY seq LIMIT 10"),
 		"no source transaction applied twice")
 	assertNoLeaks(t, srcDSN, slot)
+}
+
+// faultDatabases makes a source and a target database holding the fault
+// tables, a slot name for the test and no applied position of it on the
+// target. The slot exists before the first source transaction, so the
+// stream holds every one of them.
+func faultDatabases(t *testing.T) (srcDSN string, srcConn *pgx.Conn, tgtDSN string, tgtConn *pgx.Conn, slot, systemID string) {
+	t.Helper()
+	srcDSN, srcConn = newDatabase(t)
+	tgtDSN, tgtConn = newDatabase(t)
+	execSQL(t, srcConn, faultDDL...)
+	execSQL(t, tgtConn, faultDDL...)
+	slot = streamSlot(t)
+	systemID = systemIdentifier(t, srcConn)
+	forgetAppliedPosition(t, tgtDSN, systemID, slot)
+	src, err := siphon.Connect(context.Background(), srcDSN, siphon.WithSlot(slot))
+	require.NoError(t, err)
+	_, err = src.CurrentPosition(context.Background())
+	src.Close()
+	require.NoError(t, err)
+	return srcDSN, srcConn, tgtDSN, tgtConn, slot, systemID
 }
 
 // killTally counts where kills landed and how the slot moved.

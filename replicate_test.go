@@ -183,18 +183,10 @@ func TestKillReplicateAtRandomPoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rounds := envInt(t, "SIPHON_REPLICATE_KILL_ROUNDS", 12)
-	srcDSN, srcConn := newDatabase(t)
-	tgtDSN, tgtConn := newDatabase(t)
-	execSQL(t, srcConn, faultDDL...)
-	execSQL(t, tgtConn, faultDDL...)
-	slot := streamSlot(t)
-	systemID := systemIdentifier(t, srcConn)
-	forgetAppliedPosition(t, tgtDSN, systemID, slot)
+	srcDSN, srcConn, tgtDSN, tgtConn, slot, systemID := faultDatabases(t)
 	src, err := siphon.Connect(ctx, srcDSN, siphon.WithSlot(slot))
 	require.NoError(t, err)
 	defer src.Close()
-	_, err = src.CurrentPosition(ctx) // the slot holds every transaction from here
-	require.NoError(t, err)
 
 	load := startWorkload(t, srcDSN, time.Millisecond, false, (&faultTransactions{}).next)
 	env := []string{replicaChildSource + "=" + srcDSN, replicaChildTarget + "=" + tgtDSN, replicaChildSlot + "=" + slot}
