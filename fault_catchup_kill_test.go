@@ -10,9 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/siphondb/siphon"
-	"github.com/siphondb/siphon/canonical"
 )
 
 // TestKillDuringCatchUpAppliesEachTransactionOnce is
@@ -70,20 +67,7 @@ func TestKillDuringCatchUpAppliesEachTransactionOnce(t *testing.T) {
 	assert.Positive(t, inCatchUp, "kills landed in the catch-up")
 	assert.Positive(t, tally.acked, "the killed children moved the slot on")
 
-	tgt, err := siphon.Connect(ctx, tgtDSN)
-	require.NoError(t, err)
-	applied, err := tgt.AppliedPositionFor(ctx, systemID, slot)
-	tgt.Close()
-	require.NoError(t, err)
-	assert.Equal(t, end, applied, "the target stands at the source's last commit")
-	msgLSN, err := canonical.ParsePosition(endLSN)
-	require.NoError(t, err)
-	assert.Greater(t, applied, msgLSN, "the last commit ends after its message")
-	for _, table := range []string{"fault_events", "fault_accounts"} {
-		assert.Equal(t, digest(t, srcConn, table), digest(t, tgtConn, table), table)
-	}
-	assert.Equal(t, [][]*string(nil), rawRows(t, tgtConn,
-		"SELECT seq::text, count(*)::text FROM fault_events GROUP BY seq HAVING count(*) > 1 ORDER BY seq LIMIT 10"),
-		"no source transaction applied twice")
+	assertTargetAt(t, tgtDSN, systemID, slot, end, endLSN)
+	assertAppliedOnce(t, srcConn, tgtConn)
 	assertNoLeaks(t, srcDSN, slot)
 }
