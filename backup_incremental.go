@@ -39,7 +39,9 @@ import (
 // database it returns within a fraction of a second. BackupIncremental
 // acknowledges since to the slot (the previous incremental is then known to
 // be kept) but nothing past it: a failed or lost incremental can be taken
-// again with the same since. Errors are those of [Conn.StreamChanges]; a
+// again with the same since. When it returns, the server has confirmed
+// that: the slot's confirmed_flush_lsn is at since (or past it, where an
+// earlier stream had moved it), as [Conn.StreamChanges] promises. Errors are those of [Conn.StreamChanges]; a
 // cancelled ctx returns its error, since the output is incomplete.
 //
 // A backlog of 32 MiB of WAL or more is read through the SQL interface,

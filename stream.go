@@ -53,7 +53,18 @@ import (
 // the slot's position for a zero from, when there was none): what a
 // consumer records, although a heartbeat may have moved the slot past it.
 // An emit error stops the stream and is returned wrapped, with the same
-// Position. A broken connection returns a [*StreamInterruptedError]
+// Position.
+//
+// Once StreamChanges returns (a stop, a deadline, an emit error), the
+// server has confirmed the acknowledged position: the slot's
+// confirmed_flush_lsn is at or past the returned Position the moment the
+// call returns, so the WAL behind it is released and another stream or
+// tool may take the slot over from there. siphon ends the replication
+// session cleanly for it and waits up to 15 seconds for the server's
+// answer (a loaded machine can hold a walsender back that long); past
+// that, or when the session broke (a [*StreamInterruptedError]), the slot
+// may stand behind the returned Position until the next stream, which
+// repeats nothing (it skips what the consumer has) and is logged at Warn. A broken connection returns a [*StreamInterruptedError]
 // (retryable). Resuming from a Position the slot has passed, or from a lost
 // or dropped slot, returns a [*ResumeGapError] before anything is emitted.
 // A slot in use by another session returns [ErrSlotInUse], after waiting up
@@ -428,6 +439,7 @@ func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn
 		conn.Conn().SetReadDeadline(time.Now()) // wake the reader
 		<-w.done
 		hb.stop()
+		c.confirmFinal(w)
 	}()
 
 	res, err := st.loop(ctx, w.out, w.free, hb.requests, statusEvery)
@@ -436,6 +448,22 @@ func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn
 		return res, wrapStreamError(err, res.resume)
 	}
 	return res, nil
+}
+
+// confirmFinal waits until the server confirmed the stream's final
+// acknowledged position (see wire.confirmFinal), and says so in the log
+// when it could not: the slot then stands behind the returned Position
+// until the next stream confirms it, which replays nothing (the stream
+// skips what the consumer has).
+func (c *Conn) confirmFinal(w *wire) {
+	err := w.confirmFinal(func(ctx context.Context) (canonical.Position, error) {
+		s, err := readSlotRow(ctx, c.pool, c.opts.slot)
+		return s.confirmed, err
+	})
+	if err != nil {
+		c.log.Warn("the slot's final position was not confirmed by the server; it may stand behind the returned Position until the next stream",
+			"slot", c.opts.slot, "position", canonical.Position(w.acked.Load()), "err", err)
+	}
 }
 
 // wrapStreamError turns connection failures into a *StreamInterruptedError

@@ -95,6 +95,11 @@ type wire struct {
 
 	pings    int       // reply requests in a row past the acknowledged position
 	lastPing time.Time // when the last one came
+
+	// failed is set when the session broke or the server ended it: there
+	// is no session left to confirm the final position on. Read it only
+	// after done is closed.
+	failed bool
 }
 
 func (w *wire) run() {
@@ -291,6 +296,7 @@ func (w *wire) flush() error {
 
 // fail hands what was decoded, then err, to the stream loop.
 func (w *wire) fail(err error) {
+	w.failed = true
 	w.batch = append(w.batch, item{kind: itemError, err: err})
 	b := w.batch
 	w.batch = nil
@@ -312,4 +318,67 @@ func (w *wire) newBatch() []item {
 func isReadTimeout(err error) bool {
 	var netErr net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout()
+}
+
+// confirmTimeout bounds how long a stream that ends waits for the server
+// to confirm its final position (see confirmFinal).
+const confirmTimeout = 15 * time.Second
+
+// errNotConfirmed: the server did not confirm the final position in time.
+var errNotConfirmed = errors.New("the server did not confirm the final position")
+
+// confirmFinal makes sure the walsender took in the final acknowledged
+// position before the session closes, once the reader is joined. A status
+// update on its own is only sent: a walsender that is terminated or whose
+// session closes before it reads the update leaves the slot behind, which
+// a loaded machine makes likely. The walsender handles its client's
+// messages in order, so once it answers the CopyDone sent after the
+// update (with its own CopyDone, then CommandComplete and ReadyForQuery),
+// the update has been applied to the slot. A walsender in the middle of a
+// large transaction answers only once it has sent it all, but it reads
+// replies as it writes, so confirmed (the slot's position as the server
+// shows it) ends the wait too. It returns errNotConfirmed when neither
+// happened within confirmTimeout, or the error that broke the session.
+func (w *wire) confirmFinal(confirmed func(context.Context) (canonical.Position, error)) error {
+	if w.failed || w.conn.IsClosed() {
+		return nil // nothing to confirm on: the caller resumes from its own Position
+	}
+	want := canonical.Position(w.acked.Load())
+	if err := w.sendStatus(false); err != nil {
+		return err
+	}
+	w.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := w.conn.Frontend().Flush(); err != nil {
+		return fmt.Errorf("end the replication stream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), confirmTimeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	const recheck = 100 * time.Millisecond
+	for {
+		next := time.Now().Add(recheck)
+		if next.After(deadline) {
+			next = deadline
+		}
+		w.conn.Conn().SetReadDeadline(next)
+		msg, err := w.conn.ReceiveMessage(context.Background())
+		switch m := msg.(type) {
+		case *pgproto3.ReadyForQuery:
+			return nil
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(m)
+		}
+		if err != nil && !isReadTimeout(err) {
+			return fmt.Errorf("end the replication stream: %w", err)
+		}
+		if err == nil {
+			continue // the rest of what the walsender was sending
+		}
+		if pos, err := confirmed(ctx); err == nil && pos >= want {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return errNotConfirmed
+		}
+	}
 }
