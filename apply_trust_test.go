@@ -144,11 +144,15 @@ func TestUntrustedSchemaChangesHaveNoEffect(t *testing.T) {
 	tt := newTrustTarget(t)
 	m := tt.mallory
 	c := connect(t, tt.dsn)
-	// A first transaction, applied: the refusals below keep it.
+	tables := userTables(t, tt.admin)
+	// A first transaction is applied; the one after it, in the same
+	// stream, is refused whole: its row too.
 	s := newStream(t, canonical.KindChanges, 0x1000, tt.slot, tt.accounts)
 	first := s.tx(ins(tt.accounts.TableName(), tv("3"), tv("first")))
-	require.NoError(t, consume(t, c, s.done()))
-	tables := userTables(t, tt.admin)
+	s.tx(ins(tt.accounts.TableName(), tv("4"), tv("second")), ddlBy(m, "GRANT", "GRANT DELETE ON public.accounts TO "+m))
+	untrusted(t, consume(t, c, s.done()), m, fmt.Sprintf("WithTrustedSchemaRoles(%q)", m))
+	assert.Equal(t, first, appliedPosition(t, c))
+	assert.Equal(t, 1, count(t, tt.admin, "SELECT count(*) FROM public.accounts WHERE id IN (3, 4)"))
 
 	attacks := []struct{ name, tag, stmt string }{
 		{"grant a no-op on the source", "GRANT", "GRANT ALL ON public.accounts TO " + m},
