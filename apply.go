@@ -27,8 +27,10 @@ import (
 // ApplyChange applies one row change, truncate or schema change to the
 // database c is connected to (the target), in a transaction of its own.
 // Begin, commit and message changes are accepted and do nothing. A schema
-// change runs its statement under the source's search_path, and fails
-// with a [*SchemaChangeError]. ch.Columns must describe the
+// change runs its statement under the source's search_path, as the
+// source role that ran it (see the package documentation on schema
+// changes), and fails with a [*SchemaChangeError], or an
+// [*UntrustedSchemaChangeError] when the target does not trust it. ch.Columns must describe the
 // source's columns (changes from [Conn.StreamChanges] and
 // [canonical.Decoder] do).
 //

@@ -37,24 +37,29 @@ func (cc *changeConsumer) schemaChange(ctx context.Context, ch *canonical.Change
 // ddlSession is where a schema change runs: an apply session in its open
 // transaction, or ApplyChange's pooled session.
 type ddlSession interface {
-	// runDDL runs stmt under search_path path.
-	runDDL(ctx context.Context, path, stmt string) error
+	// runDDL runs d's statement under its search_path, as its source role
+	// where the target has it (see apply_trust.go).
+	runDDL(ctx context.Context, d *canonical.DDL) error
 	// schemaChanged forgets what is known of the target's tables.
 	schemaChanged()
 }
 
 // runSchemaChange runs d, of the source transaction committed at pos,
-// under the source's search_path, unless WithSkippedSchemaChange names
-// pos or d cannot be replayed.
+// under the source's search_path and role, unless WithSkippedSchemaChange
+// names pos, or d is not trusted (an *UntrustedSchemaChangeError) or
+// cannot be replayed (a *SchemaChangeError).
 func (c *Conn) runSchemaChange(ctx context.Context, s ddlSession, pos canonical.Position, d *canonical.DDL) error {
 	if slices.Contains(c.opts.skippedSchemaChanges, pos) {
-		c.log.Warn("schema change skipped (WithSkippedSchemaChange)", "position", pos, "tag", d.Tag, "statement", shortStatement(d.Statement))
+		c.log.Warn("schema change skipped (WithSkippedSchemaChange)", "position", pos, "tag", d.Tag, "statement", errorStatement(d))
 		return nil
+	}
+	if err := c.checkTrusted(pos, d); err != nil {
+		return err
 	}
 	var err error
 	if d.Problem == "" {
 		defer s.schemaChanged()
-		if err = s.runDDL(ctx, d.SearchPath, d.Statement); err == nil {
+		if err = s.runDDL(ctx, d); err == nil {
 			return nil
 		}
 	}
@@ -64,16 +69,17 @@ func (c *Conn) runSchemaChange(ctx context.Context, s ddlSession, pos canonical.
 // setSearchPathSQL sets the search_path for the rest of the transaction.
 const setSearchPathSQL = "SELECT set_config('search_path', $1, true)"
 
-// runDDL runs stmt in the session's open transaction, then puts the
-// session's search_path back.
-func (s *applySession) runDDL(ctx context.Context, path, stmt string) error {
+// runDDL runs d's statement in the session's open transaction, then puts
+// the session's role and search_path back.
+func (s *applySession) runDDL(ctx context.Context, d *canonical.DDL) error {
 	if err := s.await(); err != nil {
 		return err
 	}
-	for _, step := range []struct {
-		sql    string
-		params [][]byte
-	}{{setSearchPathSQL, [][]byte{[]byte(path)}}, {stmt, nil}, {"RESET search_path", nil}} {
+	id, err := s.c.readIdentity(ctx, s.conn, d)
+	if err != nil {
+		return err
+	}
+	for _, step := range ddlSteps(d, id) {
 		if _, err := s.pg.ExecParams(ctx, step.sql, step.params, nil, nil, nil).Close(); err != nil {
 			return err
 		}
@@ -114,18 +120,23 @@ type pooledDDL struct {
 	role applyRole
 }
 
-func (p pooledDDL) runDDL(ctx context.Context, path, stmt string) error {
+func (p pooledDDL) runDDL(ctx context.Context, d *canonical.DDL) error {
 	conn, err := p.c.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
+	id, err := p.c.readIdentity(ctx, conn.Conn(), d)
+	if err != nil {
+		return err
+	}
 	batch := &pgconn.Batch{}
 	if p.role.replica {
 		batch.ExecParams(localReplicaRoleSQL, nil, nil, nil, nil)
 	}
-	batch.ExecParams(setSearchPathSQL, [][]byte{[]byte(path)}, nil, nil, nil)
-	batch.ExecParams(stmt, nil, nil, nil, nil)
+	for _, step := range ddlSteps(d, id) {
+		batch.ExecParams(step.sql, step.params, nil, nil, nil)
+	}
 	_, err = conn.Conn().PgConn().ExecBatch(ctx, batch).ReadAll()
 	return err
 }

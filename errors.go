@@ -454,3 +454,48 @@ type prefixedError struct {
 
 func (e *prefixedError) Error() string { return e.msg }
 func (e *prefixedError) Unwrap() error { return e.err }
+
+// issue 24: trust
+
+// UntrustedSchemaChangeError is returned by apply ([Conn.ConsumeCanonical],
+// [Conn.ApplyChange], [Conn.RestoreChain]) for a schema change the target
+// does not run: the source role that made it is not trusted (not a
+// superuser of the source, not the role that installed the capture, not
+// named by [WithTrustedSchemaRoles]), or its statement's meaning depends
+// on who runs it and the Conn was not made
+// [WithRoleDependentSchemaChanges]. Nothing of the source transaction that
+// holds it was applied; every transaction before it was.
+type UntrustedSchemaChangeError struct {
+	// Position is the source transaction's commit LSN (its begin's
+	// Position), which [WithSkippedSchemaChange] takes.
+	Position canonical.Position
+	// Role is the role the statement ran as on the source (DDL.Role);
+	// SessionRole the role that logged in, on which trust is decided.
+	Role, SessionRole string
+	Tag               string
+	// Statement is the statement, shortened; empty for a statement that
+	// may carry secrets (user mappings, servers, subscriptions).
+	Statement string
+	// Reason says why the target does not run it.
+	Reason string
+	// roleDependent: refused for its meaning, not for its role.
+	roleDependent bool
+}
+
+func (e *UntrustedSchemaChangeError) Error() string {
+	who := fmt.Sprintf("source role %q", e.SessionRole)
+	if e.Role != "" && e.Role != e.SessionRole {
+		who += fmt.Sprintf(" (as role %q)", e.Role)
+	}
+	stmt := shortStatement(e.Statement)
+	if stmt == "" {
+		stmt = "(left out: it may carry secrets)"
+	}
+	fix := fmt.Sprintf("if the target may run what %q runs on the source, give WithTrustedSchemaRoles(%q)", e.SessionRole, e.SessionRole)
+	if e.roleDependent {
+		fix = "if the target may run it as the source role, give WithRoleDependentSchemaChanges()"
+	}
+	return fmt.Sprintf("siphon: the schema change (%s) of the source transaction committed at %v, made by %s, is not trusted: %s; the statement: %s; "+
+		"%s, or make the target's schema what it should be by hand and apply again with WithSkippedSchemaChange(%v)",
+		e.Tag, e.Position, who, e.Reason, stmt, fix, e.Position)
+}

@@ -42,6 +42,11 @@ type options struct {
 	// skippedSchemaChanges are the source transactions (by commit LSN)
 	// whose schema changes apply skips.
 	skippedSchemaChanges []canonical.Position
+	// issue 24: trust: trustedSchemaRoles are the source roles whose
+	// schema changes apply runs; roleDependentSchemaChanges lets it run
+	// statements whose meaning depends on who runs them.
+	trustedSchemaRoles         []string
+	roleDependentSchemaChanges bool
 	// source is set by the options only a source needs.
 	source bool
 }
@@ -282,6 +287,9 @@ func (o *options) validate() ([]canonical.TableName, error) {
 	if o.copySessions < 1 || o.copySessions > 64 {
 		return nil, &OptionError{Option: "WithCopySessions", Problem: fmt.Sprintf("%d sessions", o.copySessions), Fix: "use 1 to 64"}
 	}
+	if err := o.validateTrust(); err != nil {
+		return nil, err
+	}
 	tables := make([]canonical.TableName, 0, len(o.tables))
 	seen := map[canonical.TableName]bool{}
 	for _, s := range o.tables {
@@ -404,4 +412,41 @@ func needRelease(option string, release int, server pgdump.Version) error {
 	return &OptionError{Option: option,
 		Problem: fmt.Sprintf("needs PostgreSQL %d or later; the server runs %s", release, server),
 		Fix:     fmt.Sprintf("upgrade the server to PostgreSQL %d or later, or leave the option out", release)}
+}
+
+// issue 24: trust
+
+// WithTrustedSchemaRoles names source roles, besides the source's
+// superusers and the role that installed the schema capture, whose schema
+// changes apply runs on the target (see the package documentation on
+// schema changes). Trust is decided on the role that logged in on the
+// source (session_user), and the statement runs on the target as the
+// role it ran as there, where that role exists. A schema change by any
+// other role stops the apply with an [*UntrustedSchemaChangeError]. Give
+// it once with every role, or several times. Defaults to none.
+func WithTrustedSchemaRoles(roles ...string) Option {
+	return func(o *options) { o.trustedSchemaRoles = append(o.trustedSchemaRoles, roles...) }
+}
+
+// WithRoleDependentSchemaChanges makes apply run the schema changes of
+// trusted roles whose meaning depends on who runs them: GRANT and REVOKE,
+// ALTER DEFAULT PRIVILEGES, DROP OWNED and REASSIGN OWNED, statements
+// naming CURRENT_USER, SESSION_USER or CURRENT_ROLE as a role, user
+// mappings, servers and foreign data wrappers, IMPORT FOREIGN SCHEMA and
+// SECURITY LABEL. On the target they act as the role they run as there,
+// which is the source role only where it exists and the applying role may
+// take it. Defaults to refusing them with an [*UntrustedSchemaChangeError].
+func WithRoleDependentSchemaChanges() Option {
+	return func(o *options) { o.roleDependentSchemaChanges = true }
+}
+
+// validateTrust checks the options of the issue 24: trust block.
+func (o *options) validateTrust() error {
+	for _, r := range o.trustedSchemaRoles {
+		if r == "" {
+			return &OptionError{Option: "WithTrustedSchemaRoles", Problem: "a role name is empty",
+				Fix: "name each source role as pg_roles.rolname spells it, without quotes"}
+		}
+	}
+	return nil
 }

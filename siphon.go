@@ -100,8 +100,8 @@
 // block ran, CONCURRENTLY left out), with its search_path. Apply
 // ([Conn.ConsumeCanonical], [Conn.RestoreChain], [Conn.Replicate],
 // [Conn.ApplyChange]) runs it on the target at that place, in the same
-// target transaction as the source's rows around it, as the applying role;
-// a statement the target refuses, or one siphon cannot replay, stops the
+// target transaction as the source's rows around it, as the source role
+// that ran it (see below); a statement the target refuses, or one siphon cannot replay, stops the
 // apply with a [*SchemaChangeError], nothing of that transaction applied
 // (see [WithSkippedSchemaChange] to go on once the target is put right by
 // hand). Statements that fill tables as they create them (CREATE TABLE AS,
@@ -117,13 +117,30 @@
 // [WithoutSchemaCapture]), apply follows the column changes the stream
 // shows where that is exact (a nullable column added without a default, a
 // column dropped) and stops at any other with a
-// [*SchemaIncompatibleError] naming it. Schema changes are run with the
-// privileges of the applying role: apply only from sources whose DDL you
-// would run. The capture's rows pass through the table
+// [*SchemaIncompatibleError] naming it. The capture's rows pass through the table
 // siphon.schema_changes, which siphon's publications hold: a native
 // subscription (CREATE SUBSCRIPTION) of one of them needs that table on the
 // subscriber too (CREATE SCHEMA siphon; CREATE TABLE siphon.schema_changes
 // (id bigint PRIMARY KEY, change jsonb NOT NULL)).
+//
+// A schema change is code the target runs, so apply runs it only from a
+// source role it trusts, and as that role, so that the target never grants
+// more than the source had. Trusted are the source's superusers, the role
+// that installed the capture and the roles named by
+// [WithTrustedSchemaRoles], decided on the role that logged in on the
+// source (session_user: SET ROLE does not change it). The statement runs
+// under the role it ran as on the source (SET LOCAL ROLE, as PostgreSQL
+// 16's run_as_owner = false does for its apply) when the target has that
+// role and the applying role may take it, and as the applying role
+// otherwise (logged once at Info); the source's search_path comes with
+// "$user" already expanded. A statement whose meaning depends on who runs
+// it (GRANT, REVOKE, ALTER DEFAULT PRIVILEGES, DROP or REASSIGN OWNED, a
+// CURRENT_USER, SESSION_USER or CURRENT_ROLE role, user mappings, servers,
+// foreign data wrappers, IMPORT FOREIGN SCHEMA, SECURITY LABEL) runs only
+// with [WithRoleDependentSchemaChanges]. Any other schema change stops the
+// apply with an [*UntrustedSchemaChangeError] naming the role and the
+// option to give, nothing of its transaction applied: it is never applied
+// nor skipped silently ([WithSkippedSchemaChange] skips it when asked).
 //
 // # Sequences
 //
@@ -210,6 +227,9 @@ type Conn struct {
 	bases heldBases
 	// captureWarning says once that schema changes are not captured.
 	captureWarning sync.Once
+	// identityNotes holds the source roles whose schema changes were said
+	// to run as the applying role (issue 24: trust).
+	identityNotes sync.Map
 	// catchUp tunes the SQL catch-up of a stream; the zero value means
 	// the defaults (see stream_sql.go). Only tests change it.
 	catchUpTuning catchUpSettings

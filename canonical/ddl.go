@@ -11,11 +11,11 @@ type DDL struct {
 	// query, or out of the function or DO block it ran in), with
 	// CONCURRENTLY left out where it cannot run in a transaction.
 	Statement string
-	// SearchPath is the search_path the statement ran under on the source;
-	// the target runs it under the same one.
+	// SearchPath is now the source's effective schemas (current_schemas(false)), each quoted,
+	// comma-separated: "$user" expanded on the source. Empty: run with pg_catalog only.
 	SearchPath string
-	// Role is the role of the source session that ran the statement
-	// (session_user), for information.
+	// Role is the role that ran the statement (current_user at the DDL; the identity to
+	// replay under). SessionRole is session_user (who logged in; trust is decided on it).
 	Role string
 	// Problem, when set, says why the statement cannot be replayed as it
 	// is (it ran in a function that does not report its statements, or the
@@ -26,7 +26,12 @@ type DDL struct {
 	// PostgreSQL identifies them (pg_event_trigger_ddl_commands and
 	// pg_event_trigger_dropped_objects): for information, the target does
 	// not need them.
-	Objects []DDLObject
+	Objects     []DDLObject
+	SessionRole string
+	// Superuser: SessionRole was a superuser on the source when the statement ran.
+	Superuser bool
+	// Installer: the role that installed the capture (trusted by default).
+	Installer string
 }
 
 // DDLObject is one object a schema change touched.

@@ -73,7 +73,8 @@ func (d *Decoder) changeRecord(op Op) (Record, error) {
 			return Record{}, fmt.Errorf("%w: a ddl record without a statement", ErrInvalidRecord)
 		}
 		ch.DDL = &DDL{Tag: string(f.tag), Statement: string(f.statement), SearchPath: string(f.searchPath),
-			Role: string(f.role), Problem: string(f.problem), Objects: f.objects}
+			Role: string(f.role), Problem: string(f.problem), Objects: f.objects,
+			SessionRole: string(f.sessionRole), Superuser: f.superuser, Installer: string(f.installer)}
 		ch.CommitTime = d.txTime
 	}
 	d.count++

@@ -55,6 +55,9 @@ const (
 	fCalled
 	fRole
 	fProblem
+	fSessionRole
+	fSuperuser
+	fInstaller
 	fUnknown
 )
 
@@ -71,7 +74,8 @@ var fieldNames = [...]string{
 	fTransactional: "transactional", fPrefix: "prefix", fContent: "content",
 	fRecords: "records", fChecksum: "checksum", fPrevious: "previous",
 	fTag: "tag", fStatement: "statement", fSearchPath: "search_path", fObjects: "objects",
-	fValue: "value", fCalled: "called", fRole: "role", fProblem: "problem", fUnknown: "?",
+	fValue: "value", fCalled: "called", fRole: "role", fProblem: "problem",
+	fSessionRole: "session_role", fSuperuser: "superuser", fInstaller: "installer", fUnknown: "?",
 }
 
 func (f field) String() string { return fieldNames[f] }
@@ -179,6 +183,12 @@ func lookupField(key []byte) field {
 		return fRole
 	case "problem":
 		return fProblem
+	case "session_role":
+		return fSessionRole
+	case "superuser":
+		return fSuperuser
+	case "installer":
+		return fInstaller
 	}
 	return fUnknown
 }
@@ -192,6 +202,7 @@ type recordFields struct {
 	checksum, previous                                                []byte
 	schema, name, table, replicaIdentity, prefix, content             []byte
 	tag, statement, searchPath, role, problem                         []byte
+	sessionRole, installer                                            []byte
 
 	position, end        Position
 	timeline, xid        uint32
@@ -201,6 +212,7 @@ type recordFields struct {
 	restartIdentity      bool
 	transactional        bool
 	called               bool
+	superuser            bool
 	value                int64
 
 	columns     []Column
@@ -314,6 +326,12 @@ func (d *Decoder) parseField(f field) error {
 		r.role, err = d.stringField()
 	case fProblem:
 		r.problem, err = d.stringField()
+	case fSessionRole:
+		r.sessionRole, err = d.stringField()
+	case fInstaller:
+		r.installer, err = d.stringField()
+	case fSuperuser:
+		r.superuser, err = d.boolean()
 	case fObjects:
 		r.objects, err = d.ddlObjects()
 	case fValue:

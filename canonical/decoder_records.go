@@ -34,7 +34,7 @@ var (
 	truncateRequired  = fields(fXID, fPosition, fTables)
 	messageFields     = fields(fT, fXID, fPosition, fTransactional, fPrefix, fContent)
 	messageRequired   = fields(fXID, fPosition, fTransactional, fPrefix, fContent)
-	ddlFields         = fields(fT, fXID, fPosition, fTag, fStatement, fSearchPath, fRole, fProblem, fObjects)
+	ddlFields         = fields(fT, fXID, fPosition, fTag, fStatement, fSearchPath, fRole, fProblem, fObjects, fSessionRole, fSuperuser, fInstaller)
 	ddlRequired       = fields(fXID, fPosition, fTag, fStatement, fSearchPath)
 	sequenceFields    = fields(fT, fSchema, fName, fValue, fCalled)
 	sequenceRequired  = fields(fSchema, fName, fValue, fCalled)

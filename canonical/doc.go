@@ -71,7 +71,10 @@
 //     present when the change has old values. Message content is standard
 //     base64. Row changes take the commit time of their begin. A ddl
 //     record holds the statement the target runs, the search_path it runs
-//     under and, for information, the role that ran it and the objects it
+//     under, the role it ran as ("role"), who ran it ("session_role",
+//     "superuser": true when they were one) and the role that installed
+//     the capture ("installer"), which a target decides trust on (absent:
+//     none), and, for information, the objects it
 //     touched ("dropped" marks those it dropped); "problem", when present,
 //     says why the statement cannot be replayed (see [DDL]). The table
 //     records after it have the new shape.

@@ -295,11 +295,14 @@ func appendDDL(b []byte, ch *Change, rec string) ([]byte, error) {
 			return b, fail(m.key, bad)
 		}
 	}
-	for _, m := range [...]struct{ key, val string }{{"role", d.Role}, {"problem", d.Problem}} {
+	for _, m := range [...]struct{ key, val string }{{"role", d.Role}, {"problem", d.Problem}, {"session_role", d.SessionRole}, {"installer", d.Installer}} {
 		var err error
 		if b, err = appendOptString(b, m.key, m.val); err != nil {
 			return b, &EncodeError{Record: rec, Err: fmt.Errorf("%s: %w", m.key, err)}
 		}
+	}
+	if d.Superuser {
+		b = appendBool(appendKey(b, "superuser"), true)
 	}
 	if len(d.Objects) == 0 {
 		return b, nil

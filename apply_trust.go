@@ -1,0 +1,198 @@
+package siphon
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// Who a target trusts with schema changes (issue 24). A schema change is
+// code the target runs, so it runs only when the source role that ran it
+// is trusted, and as that role:
+//   - trusted are the source's superusers (DDL.Superuser), the role that
+//     installed the capture (DDL.Installer) and the roles the Conn names
+//     with WithTrustedSchemaRoles; trust is decided on the role that logged
+//     in (DDL.SessionRole), which SET ROLE cannot change;
+//   - a statement whose meaning depends on who runs it (GRANT, REVOKE,
+//     ALTER DEFAULT PRIVILEGES, DROP/REASSIGN OWNED, a CURRENT_USER role,
+//     user mappings, servers...) runs only WithRoleDependentSchemaChanges;
+//   - the statement runs under the source role's identity (DDL.Role,
+//     SET LOCAL ROLE) where that role exists on the target and the applying
+//     role may take it, as PostgreSQL 16's run_as_owner = false does for
+//     apply: it can do there no more than the role could on the source.
+//
+// Anything else stops the apply with an *UntrustedSchemaChangeError:
+// nothing of the source transaction is applied, nothing is skipped
+// silently.
+
+// roleDependentTags are the command tags of statements whose meaning
+// depends on who runs them: what they grant, drop or connect with is the
+// running role's.
+var roleDependentTags = []string{
+	"GRANT", "REVOKE", "ALTER DEFAULT PRIVILEGES", "DROP OWNED", "REASSIGN OWNED",
+	"CREATE USER MAPPING", "ALTER USER MAPPING", "DROP USER MAPPING",
+	"CREATE SERVER", "ALTER SERVER", "DROP SERVER",
+	"CREATE FOREIGN DATA WRAPPER", "ALTER FOREIGN DATA WRAPPER", "DROP FOREIGN DATA WRAPPER",
+	"IMPORT FOREIGN SCHEMA", "SECURITY LABEL",
+}
+
+// secretTags are the command tags of statements that may carry secrets
+// (the OPTIONS of user mappings, servers and wrappers, a subscription's
+// connection string): errors leave their text out.
+var secretTags = []string{
+	"CREATE USER MAPPING", "ALTER USER MAPPING",
+	"CREATE SERVER", "ALTER SERVER",
+	"CREATE FOREIGN DATA WRAPPER", "ALTER FOREIGN DATA WRAPPER",
+	"CREATE SUBSCRIPTION", "ALTER SUBSCRIPTION",
+}
+
+// sessionRole is the source role whose trust decides d: its SessionRole,
+// or, in a record written before siphon recorded it, its Role (which was
+// session_user then).
+func sessionRole(d *canonical.DDL) string {
+	if d.SessionRole != "" {
+		return d.SessionRole
+	}
+	return d.Role
+}
+
+// checkTrusted returns an *UntrustedSchemaChangeError when c does not
+// apply d, of the source transaction committed at pos.
+func (c *Conn) checkTrusted(pos canonical.Position, d *canonical.DDL) error {
+	who := sessionRole(d)
+	refusal := &UntrustedSchemaChangeError{Position: pos, Role: d.Role, SessionRole: who, Tag: d.Tag, Statement: errorStatement(d)}
+	switch {
+	case d.Superuser, who != "" && who == d.Installer, who != "" && slices.Contains(c.opts.trustedSchemaRoles, who):
+	case who == "":
+		refusal.Reason = "the record does not say which role made it"
+		return refusal
+	default:
+		refusal.Reason = "the role is not a superuser of the source nor the role that installed the capture, and is not named by WithTrustedSchemaRoles"
+		return refusal
+	}
+	if !c.opts.roleDependentSchemaChanges && (slices.Contains(roleDependentTags, d.Tag) || roleDependent(d.Statement)) {
+		refusal.Reason = "the statement's meaning depends on who runs it (it grants, revokes, drops or connects as the running role, or names CURRENT_USER, SESSION_USER or CURRENT_ROLE), " +
+			"and the target runs it as another role than the source did; apply such statements with WithRoleDependentSchemaChanges"
+		refusal.roleDependent = true
+		return refusal
+	}
+	return nil
+}
+
+// errorStatement is d's statement as an error may show it: shortened, and
+// left out when it may carry a secret.
+func errorStatement(d *canonical.DDL) string {
+	if slices.Contains(secretTags, d.Tag) {
+		return ""
+	}
+	return shortStatement(d.Statement)
+}
+
+// roleDependent reports whether stmt names CURRENT_USER, SESSION_USER or
+// CURRENT_ROLE where a role is expected (after TO, FROM, BY, FOR, ROLE,
+// USER, GROUP, AUTHORIZATION or in a list), and not as a value (a column's
+// DEFAULT current_user is not). It errs on the side of yes: it does not
+// skip strings, comments or function bodies.
+func roleDependent(stmt string) bool {
+	prev := ""
+	for rest := stmt; rest != ""; {
+		rest = strings.TrimLeft(rest, " \t\r\n\f")
+		if rest == "" {
+			break
+		}
+		n := strings.IndexFunc(rest, func(r rune) bool {
+			return !(r == '_' || r == '$' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= 0x80)
+		})
+		switch {
+		case n < 0:
+			n = len(rest)
+		case n == 0:
+			n = 1 // one punctuation character
+		}
+		word := strings.ToLower(rest[:n])
+		rest = rest[n:]
+		switch word {
+		case "current_user", "session_user", "current_role":
+			switch prev {
+			case "to", "from", "by", "for", "role", "user", "group", "authorization", ",":
+				return true
+			}
+		}
+		prev = word
+	}
+	return false
+}
+
+// identitySQL reads, for the source role $1, the session's role setting
+// (to put back after the statement) and whether the session may take the
+// role: it exists on the target and session_user (whose membership SET
+// ROLE checks) is a superuser or may set it (MEMBER before PostgreSQL 16,
+// the SET option since).
+const identitySQL = `SELECT current_setting('role'), coalesce((
+  SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = session_user)
+      OR CASE WHEN current_setting('server_version_num')::int >= 160000
+              THEN pg_catalog.pg_has_role(session_user, r.oid, 'SET')
+              ELSE pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') END
+  FROM pg_catalog.pg_roles r WHERE r.rolname = $1), false)`
+
+// setRoleSQL sets the role for the rest of the transaction (SET LOCAL
+// ROLE), the role's name bound as a parameter.
+const setRoleSQL = "SELECT set_config('role', $1, true)"
+
+// identity is how a schema change takes its source role's identity.
+type identity struct {
+	role string // the role to set; "" to run as the applying role
+	back string // the role setting to put back after the statement
+}
+
+// readIdentity finds out, on q, whether d can run as its source role, and
+// logs once per role when it cannot.
+func (c *Conn) readIdentity(ctx context.Context, q querier, d *canonical.DDL) (identity, error) {
+	var id identity
+	if d.Role == "" {
+		c.noteIdentity(d.Role, "the record does not say which role made it")
+		return id, nil
+	}
+	var settable bool
+	if err := q.QueryRow(ctx, identitySQL, d.Role).Scan(&id.back, &settable); err != nil {
+		return id, err
+	}
+	if !settable {
+		c.noteIdentity(d.Role, "the role does not exist on the target, or the applying role may not SET ROLE to it")
+		return id, nil
+	}
+	id.role = d.Role
+	return id, nil
+}
+
+// noteIdentity logs, once per source role, that its schema changes run as
+// the applying role.
+func (c *Conn) noteIdentity(role, why string) {
+	if _, seen := c.identityNotes.LoadOrStore(role, true); !seen {
+		c.log.Info("schema changes of this source role run as the applying role on the target", "source_role", role, "why", why)
+	}
+}
+
+// ddlSteps are the statements that run d's statement under path and id in
+// an open (or pipelined implicit) transaction, putting the session's
+// role and search_path back after it, so that what the apply runs next
+// (row changes, the applied Position) runs as the applying role.
+func ddlSteps(d *canonical.DDL, id identity) []ddlStep {
+	steps := []ddlStep{{setSearchPathSQL, [][]byte{[]byte(d.SearchPath)}}}
+	if id.role != "" {
+		steps = append(steps, ddlStep{setRoleSQL, [][]byte{[]byte(id.role)}})
+	}
+	steps = append(steps, ddlStep{d.Statement, nil})
+	if id.role != "" {
+		steps = append(steps, ddlStep{setRoleSQL, [][]byte{[]byte(id.back)}})
+	}
+	return append(steps, ddlStep{"RESET search_path", nil})
+}
+
+// ddlStep is one statement of ddlSteps.
+type ddlStep struct {
+	sql    string
+	params [][]byte
+}
