@@ -3,9 +3,9 @@ package siphon
 import (
 	"context"
 	"slices"
-	"strings"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // Who a target trusts with schema changes (issue 24). A schema change is
@@ -36,16 +36,6 @@ var roleDependentTags = []string{
 	"CREATE SERVER", "ALTER SERVER", "DROP SERVER",
 	"CREATE FOREIGN DATA WRAPPER", "ALTER FOREIGN DATA WRAPPER", "DROP FOREIGN DATA WRAPPER",
 	"IMPORT FOREIGN SCHEMA", "SECURITY LABEL",
-}
-
-// secretTags are the command tags of statements that may carry secrets
-// (the OPTIONS of user mappings, servers and wrappers, a subscription's
-// connection string): errors leave their text out.
-var secretTags = []string{
-	"CREATE USER MAPPING", "ALTER USER MAPPING",
-	"CREATE SERVER", "ALTER SERVER",
-	"CREATE FOREIGN DATA WRAPPER", "ALTER FOREIGN DATA WRAPPER",
-	"CREATE SUBSCRIPTION", "ALTER SUBSCRIPTION",
 }
 
 // sessionRole is the source role whose trust decides d: its SessionRole,
@@ -84,45 +74,29 @@ func (c *Conn) checkTrusted(pos canonical.Position, d *canonical.DDL) error {
 // errorStatement is d's statement as an error may show it: shortened, and
 // left out when it may carry a secret.
 func errorStatement(d *canonical.DDL) string {
-	if slices.Contains(secretTags, d.Tag) {
-		return ""
+	stmts, err := sqltext.Statements(d.Statement, true)
+	if err != nil {
+		return "" // unreadable: it cannot be checked for secrets
+	}
+	for _, st := range stmts {
+		if st.Secret {
+			return ""
+		}
 	}
 	return shortStatement(d.Statement)
 }
 
-// roleDependent reports whether stmt names CURRENT_USER, SESSION_USER or
-// CURRENT_ROLE where a role is expected (after TO, FROM, BY, FOR, ROLE,
-// USER, GROUP, AUTHORIZATION or in a list), and not as a value (a column's
-// DEFAULT current_user is not). It errs on the side of yes: it does not
-// skip strings, comments or function bodies.
+// roleDependent reports whether stmt's meaning depends on who runs it, as
+// PostgreSQL's own parser reads it (sqltext.Statement.RoleDependent: a
+// CURRENT_USER, SESSION_USER or CURRENT_ROLE role specification, grants,
+// owned objects, user mappings...). A statement the parser cannot read is
+// taken to depend on it.
 func roleDependent(stmt string) bool {
-	prev := ""
-	for rest := stmt; rest != ""; {
-		rest = strings.TrimLeft(rest, " \t\r\n\f")
-		if rest == "" {
-			break
-		}
-		n := strings.IndexFunc(rest, func(r rune) bool {
-			return !(r == '_' || r == '$' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= 0x80)
-		})
-		switch {
-		case n < 0:
-			n = len(rest)
-		case n == 0:
-			n = 1 // one punctuation character
-		}
-		word := strings.ToLower(rest[:n])
-		rest = rest[n:]
-		switch word {
-		case "current_user", "session_user", "current_role":
-			switch prev {
-			case "to", "from", "by", "for", "role", "user", "group", "authorization", ",":
-				return true
-			}
-		}
-		prev = word
+	stmts, err := sqltext.Statements(stmt, true)
+	if err != nil {
+		return true
 	}
-	return false
+	return slices.ContainsFunc(stmts, func(st sqltext.Statement) bool { return st.RoleDependent })
 }
 
 // identitySQL reads, for the source role $1, the session's role setting

@@ -499,3 +499,19 @@ func (e *UntrustedSchemaChangeError) Error() string {
 		"%s, or make the target's schema what it should be by hand and apply again with WithSkippedSchemaChange(%v)",
 		e.Tag, e.Position, who, e.Reason, stmt, fix, e.Position)
 }
+
+// SchemaCaptureForeignError: schema siphon, or the capture's event
+// triggers, hold objects that belong to a role other than the superuser
+// who installs the capture. Such a role could change what the capture's
+// trigger runs as a superuser, or write rows a target would take for
+// schema changes, so siphon neither installs over them nor streams
+// their rows.
+type SchemaCaptureForeignError struct {
+	// Objects names each object and its owner.
+	Objects []string
+}
+
+func (e *SchemaCaptureForeignError) Error() string {
+	return "schema siphon holds objects siphon did not install: " + strings.Join(e.Objects, ", ") +
+		"; check what they do, then drop them (DROP SCHEMA siphon CASCADE, DROP EVENT TRIGGER) or give them to the installing superuser, and call InstallSchemaCapture again"
+}

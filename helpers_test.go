@@ -96,6 +96,17 @@ func streamConnAt(t *testing.T, dsn string, opts ...siphon.Option) (*siphon.Conn
 	return c, slot, start
 }
 
+// captureConnAt is streamConnAt on a source where the Conn (a
+// superuser's) installed the schema capture for its publication first.
+func captureConnAt(t *testing.T, dsn string, opts ...siphon.Option) (*siphon.Conn, string, canonical.Position) {
+	t.Helper()
+	c, slot := streamConn(t, dsn, opts...)
+	require.NoError(t, c.InstallSchemaCapture(context.Background()))
+	start, err := c.CurrentPosition(context.Background())
+	require.NoError(t, err)
+	return c, slot, start
+}
+
 // siphonSession opens a session with siphon's fixed session settings, so
 // that values print the way canonical values do.
 func siphonSession(t *testing.T, dsn string) *pgx.Conn {

@@ -233,14 +233,15 @@ func WithTriggersOnApply() Option { return func(o *options) { o.triggersOnApply 
 // (flagged as a problem by Verify), before anything is applied.
 func WithUncheckedStreams() Option { return func(o *options) { o.uncheckedStreams = true } }
 
-// WithoutSchemaCapture keeps siphon from installing the capture of schema
-// changes (see [Conn.InstallSchemaCapture]) in the source database. The
-// change stream then carries no schema changes: siphon follows the columns
-// added and dropped that it can see in the stream, where that is exact,
-// and an apply stops at any other schema change with a
+// WithoutSchemaCapture makes a Conn ignore the capture of schema changes
+// (see [Conn.InstallSchemaCapture]) even where it is installed for its
+// publication, and keeps Preflight from warning about it. The change
+// stream then carries no schema changes: siphon follows the columns added
+// and dropped that it can see in the stream, where that is exact, and an
+// apply stops at any other schema change with a
 // [*SchemaIncompatibleError] naming it, to be applied to the target by
-// hand. Defaults to off: a Conn whose role is a superuser installs the
-// capture when it creates its publication or starts a stream.
+// hand. Defaults to off: a Conn uses the capture when a superuser
+// installed it for its publication (nothing installs it on its own).
 func WithoutSchemaCapture() Option {
 	return func(o *options) { o.noSchemaCapture, o.source = true, true }
 }

@@ -12,14 +12,33 @@ import (
 )
 
 // capturedChange is a row the capture writes to siphon.schema_changes
-// (see schema_capture.go).
+// (see schema_capture_sql.go).
 type capturedChange struct {
-	Tag        string `json:"tag"`
-	Query      string `json:"query"`
-	Stack      string `json:"stack"`
-	SearchPath string `json:"search_path"`
-	Role       string `json:"role"`
-	Objects    []struct {
+	Tag string `json:"tag"`
+	// Query is the query string the event was for (current_query()); it
+	// is left out when it may carry a secret (Redacted).
+	Query    string `json:"query"`
+	Redacted bool   `json:"redacted"`
+	Stack    string `json:"stack"`
+	// Caller is what siphon.capture_caller read as the caller: nil when
+	// it could not.
+	Caller *struct {
+		Role                      string   `json:"role"`
+		Schemas                   []string `json:"schemas"`
+		StandardConformingStrings string   `json:"standard_conforming_strings"`
+	} `json:"caller"`
+	SessionRole string `json:"session_role"`
+	Superuser   bool   `json:"superuser"`
+	Installer   string `json:"installer"`
+	// Backend and Started (statement_timestamp()) tell the executions of a
+	// query string apart: its events are counted per execution.
+	Backend int    `json:"backend"`
+	Started string `json:"started"`
+	// Skip says why the target has nothing to replay for this event (its
+	// objects are temporary, an extension's or siphon's, it dropped
+	// nothing, it is a publication's): it is counted, not replayed.
+	Skip    string `json:"skip"`
+	Objects []struct {
 		Type     string    `json:"type"`
 		Identity string    `json:"identity"`
 		Table    [2]string `json:"table"`
@@ -49,23 +68,23 @@ type schemaChanges struct {
 	// touch them; nil keeps every one.
 	tables []canonical.TableName
 	log    *slog.Logger
-	// next holds, per query string of the open transaction, the index of
-	// the statement after the last one a change was read from: a query
-	// that runs several statements fires one event for each DDL among
-	// them, in order.
-	next map[string]int
+	// events counts, per execution of a query string in the open
+	// transaction (backend, statement start, query), the top-level events
+	// read so far: the k-th event of an execution is its k-th statement
+	// that fires one.
+	events map[string]int
 }
 
 func newSchemaChanges(tables []canonical.TableName, log *slog.Logger) *schemaChanges {
-	return &schemaChanges{tables: tables, log: log, next: map[string]int{}}
+	return &schemaChanges{tables: tables, log: log, events: map[string]int{}}
 }
 
 // begin starts a transaction.
-func (s *schemaChanges) begin() { clear(s.next) }
+func (s *schemaChanges) begin() { clear(s.events) }
 
 // changes returns the OpDDL changes an insert into the capture's table
-// describes, at its place: none when it concerns no table of a WithTables
-// stream.
+// describes, at its place: none for an event with nothing to replay, or
+// one that concerns no table of a WithTables stream.
 func (s *schemaChanges) changes(ins *canonical.Change) ([]canonical.Change, error) {
 	v, ok := ins.Value("change")
 	text, present := v.Text()
@@ -77,21 +96,39 @@ func (s *schemaChanges) changes(ins *canonical.Change) ([]canonical.Change, erro
 		return nil, fmt.Errorf("a row of %s: %w", captureTable, err)
 	}
 	s.logPublication(&row)
-	if !s.concerns(&row) {
+	stmt, problem := s.statement(&row) // counts the event, skipped or not
+	if row.Skip != "" && row.Error == "" || !s.concerns(&row) {
 		return nil, nil
 	}
-	d := &canonical.DDL{Tag: row.Tag, SearchPath: row.SearchPath, Role: row.Role}
-	d.Statement, d.Problem = s.statement(&row)
+	d := &canonical.DDL{Tag: row.Tag, Statement: stmt, Problem: problem,
+		SessionRole: row.SessionRole, Superuser: row.Superuser, Installer: row.Installer}
+	if row.Caller != nil {
+		d.Role, d.SearchPath = row.Caller.Role, quotedSchemas(row.Caller.Schemas)
+	}
 	for _, o := range row.Objects {
 		if o.Identity != "" {
 			d.Objects = append(d.Objects, canonical.DDLObject{Type: o.Type, Identity: o.Identity, Dropped: o.Dropped})
 		}
 	}
 	out := []canonical.Change{ddlChange(ins, d)}
+	if problem != "" {
+		return out, nil
+	}
 	for _, stmt := range row.Statements {
-		out = append(out, ddlChange(ins, &canonical.DDL{Tag: "ALTER TABLE", Statement: stmt, SearchPath: row.SearchPath, Role: row.Role}))
+		own := *d
+		own.Tag, own.Statement, own.Objects = "ALTER TABLE", stmt, nil
+		out = append(out, ddlChange(ins, &own))
 	}
 	return out, nil
+}
+
+// quotedSchemas writes schemas as a search_path.
+func quotedSchemas(schemas []string) string {
+	quoted := make([]string, len(schemas))
+	for i, s := range schemas {
+		quoted[i] = sqltext.Ident(s)
+	}
+	return strings.Join(quoted, ", ")
 }
 
 // ddlChange is an OpDDL change in the transaction of ins.
@@ -99,38 +136,120 @@ func ddlChange(ins *canonical.Change, d *canonical.DDL) canonical.Change {
 	return canonical.Change{Op: canonical.OpDDL, Position: ins.Position, XID: ins.XID, CommitTime: ins.CommitTime, DDL: d}
 }
 
-// statement finds the statement the target runs for row: the one that ran
-// inside a function or DO block, as its call stack shows, or the one of
-// the query string the event was for. problem says why there is none.
+// statement finds the statement the target runs for row, with
+// PostgreSQL's own parser: the one that ran inside a function or DO block,
+// as its call stack shows, or the statement of the query string whose
+// turn it is (the k-th event of an execution comes from its k-th
+// statement that fires one). problem says why there is none: siphon never
+// guesses. stmt is then the query for information, or empty when it may
+// carry a secret.
 func (s *schemaChanges) statement(row *capturedChange) (stmt, problem string) {
-	if row.Error != "" {
-		return row.Query, "the schema capture failed on the source: " + row.Error
-	}
 	stack, ok := strings.CutPrefix(row.Stack, captureFrame)
-	if !ok {
-		return row.Query, "the schema capture recorded a call stack siphon does not know: " + row.Stack
-	}
 	_, inner, _ := strings.Cut(stack, "\n")
 	nested, isNested, found := sqltext.NestedStatement(inner)
-	switch {
-	case isNested && !found:
-		return row.Query, fmt.Sprintf("the %s ran inside a function whose statements the server does not report (an SQL-language function?)", row.Tag)
-	case isNested:
-		return sqltext.WithoutConcurrently(nested, row.Tag), ""
+	if ok && !isNested && row.Error == "" {
+		defer func() { s.events[s.executionKey(row)]++ }()
 	}
-	stmts := sqltext.Split(row.Query)
-	from := s.next[row.Query]
-	for i := range stmts {
-		j := (from + i) % len(stmts)
-		if sqltext.MatchesTag(stmts[j], row.Tag) {
-			s.next[row.Query] = j + 1
-			return sqltext.WithoutConcurrently(stmts[j], row.Tag), ""
+	switch {
+	case row.Error != "":
+		return "", "the schema capture failed on the source: " + row.Error
+	case row.Skip != "":
+		return "", ""
+	case row.Redacted:
+		return "", fmt.Sprintf("the query that ran the %s may carry a secret (the OPTIONS of a user mapping or server, a subscription's connection string), so siphon did not carry it", row.Tag)
+	case !ok:
+		return row.Query, "the schema capture recorded a call stack siphon does not know: " + row.Stack
+	case row.Caller == nil:
+		return row.Query, "the schema capture could not record who ran the statement and under which search_path"
+	case row.Caller.StandardConformingStrings != "on":
+		return row.Query, "the statement ran with standard_conforming_strings off, where siphon cannot be sure of its boundaries; set it on for migrations"
+	case isNested && !found:
+		return row.Query, fmt.Sprintf("the %s ran inside a function whose statement siphon cannot read with certainty from the call stack (an SQL-language function, or a statement text that could end in two places)", row.Tag)
+	case isNested:
+		return s.single(nested, row)
+	}
+	stmts, err := sqltext.Statements(row.Query, true)
+	if err != nil {
+		return secretFree(row.Query), fmt.Sprintf("PostgreSQL's parser (as siphon embeds it) could not read the query of the %s: %v", row.Tag, err)
+	}
+	if len(stmts) > 1 && mayChangeStrings(row.Query, stmts) {
+		// The server read the whole query string under the setting it had
+		// when the query arrived, which a statement of it may have changed
+		// before this event: only a reading that does not depend on it is
+		// certain.
+		if _, err := sqltext.Statements(row.Query, false); err != nil {
+			return secretFree(row.Query), fmt.Sprintf("the query of the %s may change standard_conforming_strings and reads otherwise under each setting, where siphon cannot be sure of its boundaries; run such migrations one statement per query, or without backslashes in ordinary strings", row.Tag)
 		}
 	}
 	if len(stmts) == 1 {
-		return sqltext.WithoutConcurrently(stmts[0], row.Tag), ""
+		return s.single(stmts[0].Text, row)
 	}
-	return row.Query, fmt.Sprintf("siphon cannot tell which statement of the query is the %s", row.Tag)
+	var firing []sqltext.Statement
+	control := false
+	for _, st := range stmts {
+		switch {
+		case st.Uncertain:
+			return secretFree(row.Query), fmt.Sprintf("siphon cannot tell which statement of the query is the %s: it does not know whether %q fires event triggers", row.Tag, st.Tag)
+		case st.TransactionControl:
+			control = true
+		case st.FiresDDLEvent:
+			firing = append(firing, st)
+		}
+	}
+	k := s.events[s.executionKey(row)]
+	switch {
+	case control && len(firing) > 1:
+		return secretFree(row.Query), fmt.Sprintf("the %s ran in a query string that holds transaction control and several schema changes: siphon cannot tell them apart with certainty; run such migrations one statement per query", row.Tag)
+	case k >= len(firing) || firing[k].Tag != row.Tag:
+		return secretFree(row.Query), fmt.Sprintf("siphon cannot tell which statement of the query is the %s (event %d of the query string)", row.Tag, k+1)
+	}
+	return s.single(firing[k].Text, row)
+}
+
+// single checks that text is one statement (as the server's parser
+// reads it) that may travel, and returns it as the target runs it.
+func (s *schemaChanges) single(text string, row *capturedChange) (stmt, problem string) {
+	stmts, err := sqltext.Statements(text, true)
+	switch {
+	case err != nil:
+		return secretFree(text), fmt.Sprintf("PostgreSQL's parser (as siphon embeds it) could not read the %s: %v", row.Tag, err)
+	case len(stmts) != 1:
+		return secretFree(text), fmt.Sprintf("the text siphon read for the %s holds %d statements", row.Tag, len(stmts))
+	case stmts[0].Secret:
+		return "", fmt.Sprintf("the %s may carry a secret (OPTIONS of a user mapping or server, a password, a connection string), so siphon did not carry it", row.Tag)
+	}
+	return sqltext.WithoutConcurrently(stmts[0].Text, row.Tag), ""
+}
+
+// mayChangeStrings reports whether a statement of query may change
+// standard_conforming_strings for the statements after it: one that names
+// it, resets every setting, or runs code (DO, CALL).
+func mayChangeStrings(query string, stmts []sqltext.Statement) bool {
+	q := strings.ToLower(query)
+	if strings.Contains(q, "standard_conforming_strings") || strings.Contains(q, "reset all") || strings.Contains(q, "set_config") {
+		return true
+	}
+	return slices.ContainsFunc(stmts, func(st sqltext.Statement) bool { return st.Tag == "DO" || st.Tag == "CALL" })
+}
+
+// executionKey names one execution of row's query string.
+func (s *schemaChanges) executionKey(row *capturedChange) string {
+	return fmt.Sprintf("%d\x00%s\x00%s", row.Backend, row.Started, row.Query)
+}
+
+// secretFree returns text for an error message, or a placeholder when
+// its statements may carry a secret or cannot be read.
+func secretFree(text string) string {
+	stmts, err := sqltext.Statements(text, true)
+	if err != nil {
+		return "(not shown: siphon could not check it for secrets)"
+	}
+	for _, st := range stmts {
+		if st.Secret {
+			return "(not shown: it may carry a secret)"
+		}
+	}
+	return text
 }
 
 // concerns reports whether a stream keeps row: every stream does, but a

@@ -90,18 +90,22 @@
 // # Schema changes
 //
 // Logical decoding carries no DDL, so siphon captures it with an event
-// trigger it installs in the source database ([Conn.InstallSchemaCapture];
-// a superuser's Conn does it itself): every CREATE, ALTER, DROP, COMMENT,
+// trigger a superuser installs in the source database when asked to
+// ([Conn.InstallSchemaCapture]: nothing installs it as a side effect, and
+// [Conn.Preflight] says what it would install): every CREATE, ALTER, DROP, COMMENT,
 // GRANT and REVOKE the application runs (tables, columns, types, enums,
 // domains, constraints, indexes, partitions, views, functions, renames...)
 // reaches the stream as an [canonical.OpDDL] change at its exact place
 // among the row changes of its transaction: the statement as it ran (one
 // statement of a multi-statement query, the statement a function or DO
-// block ran, CONCURRENTLY left out), with its search_path. Apply
+// block ran, as PostgreSQL's own grammar splits the query; CONCURRENTLY
+// left out), with the source's effective schemas and the role that ran
+// it. Apply
 // ([Conn.ConsumeCanonical], [Conn.RestoreChain], [Conn.Replicate],
 // [Conn.ApplyChange]) runs it on the target at that place, in the same
 // target transaction as the source's rows around it, as the source role
-// that ran it (see below); a statement the target refuses, or one siphon cannot replay, stops the
+// that ran it where the target has it; a statement the target refuses, or
+// one siphon cannot replay with certainty, stops the
 // apply with a [*SchemaChangeError], nothing of that transaction applied
 // (see [WithSkippedSchemaChange] to go on once the target is put right by
 // hand). Statements that fill tables as they create them (CREATE TABLE AS,
@@ -113,11 +117,15 @@
 // fail; a table created earlier and filled before it had a key is drift
 // ([Conn.SyncPublication]). The trigger never makes the application's DDL
 // fail, and [Conn.Detach] removes it with the last publication it looks
-// after. Without it (a role that is not a superuser, or
-// [WithoutSchemaCapture]), apply follows the column changes the stream
+// after. Without it (not installed, or [WithoutSchemaCapture]), apply
+// follows the column changes the stream
 // shows where that is exact (a nullable column added without a default, a
 // column dropped) and stops at any other with a
-// [*SchemaIncompatibleError] naming it. The capture's rows pass through the table
+// [*SchemaIncompatibleError] naming it. A target applies the schema
+// changes of the source's superusers and of the roles it is told to trust
+// only, and of files and messages only when they are authenticated with
+// the user's key; SECURITY.md in the repository says whom siphon trusts
+// and what each attack meets. The capture's rows pass through the table
 // siphon.schema_changes, which siphon's publications hold: a native
 // subscription (CREATE SUBSCRIPTION) of one of them needs that table on the
 // subscriber too (CREATE SCHEMA siphon; CREATE TABLE siphon.schema_changes

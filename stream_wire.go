@@ -355,12 +355,9 @@ func (w *wire) confirmFinal(confirmed func(context.Context) (canonical.Position,
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	const recheck = 100 * time.Millisecond
+	nextCheck := time.Now().Add(recheck)
 	for {
-		next := time.Now().Add(recheck)
-		if next.After(deadline) {
-			next = deadline
-		}
-		w.conn.Conn().SetReadDeadline(next)
+		w.conn.Conn().SetReadDeadline(nextCheck)
 		msg, err := w.conn.ReceiveMessage(context.Background())
 		switch m := msg.(type) {
 		case *pgproto3.ReadyForQuery:
@@ -371,14 +368,15 @@ func (w *wire) confirmFinal(confirmed func(context.Context) (canonical.Position,
 		if err != nil && !isReadTimeout(err) {
 			return fmt.Errorf("end the replication stream: %w", err)
 		}
-		if err == nil {
+		if time.Now().Before(nextCheck) {
 			continue // the rest of what the walsender was sending
 		}
 		if pos, err := confirmed(ctx); err == nil && pos >= want {
 			return nil
 		}
-		if ctx.Err() != nil {
+		if !time.Now().Before(deadline) {
 			return errNotConfirmed
 		}
+		nextCheck = time.Now().Add(recheck)
 	}
 }

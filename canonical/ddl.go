@@ -11,27 +11,30 @@ type DDL struct {
 	// query, or out of the function or DO block it ran in), with
 	// CONCURRENTLY left out where it cannot run in a transaction.
 	Statement string
-	// SearchPath is now the source's effective schemas (current_schemas(false)), each quoted,
-	// comma-separated: "$user" expanded on the source. Empty: run with pg_catalog only.
+	// SearchPath is the source's effective schemas (current_schemas(false)),
+	// each quoted, comma-separated: "$user" expanded on the source. Empty:
+	// run with pg_catalog only.
 	SearchPath string
-	// Role is the role that ran the statement (current_user at the DDL; the identity to
-	// replay under). SessionRole is session_user (who logged in; trust is decided on it).
+	// Role is the role that ran the statement (current_user at the DDL;
+	// the identity to replay under).
 	Role string
-	// Problem, when set, says why the statement cannot be replayed as it
-	// is (it ran in a function that does not report its statements, or the
-	// capture failed on the source): Statement then holds the whole query
-	// the source ran, for information, and an apply stops there.
+	// SessionRole is session_user (who logged in; trust is decided on it).
+	SessionRole string
+	// Superuser: SessionRole was a superuser on the source when the
+	// statement ran.
+	Superuser bool
+	// Installer: the role that installed the capture (trusted by default).
+	Installer string
+	// Problem, when set, says why the statement cannot be replayed with
+	// certainty (see SECURITY.md): Statement then holds the query the
+	// source ran, for information (or nothing, where it may carry a
+	// secret), and an apply stops there.
 	Problem string
 	// Objects lists what the statement created, altered or dropped, as
 	// PostgreSQL identifies them (pg_event_trigger_ddl_commands and
 	// pg_event_trigger_dropped_objects): for information, the target does
 	// not need them.
-	Objects     []DDLObject
-	SessionRole string
-	// Superuser: SessionRole was a superuser on the source when the statement ran.
-	Superuser bool
-	// Installer: the role that installed the capture (trusted by default).
-	Installer string
+	Objects []DDLObject
 }
 
 // DDLObject is one object a schema change touched.

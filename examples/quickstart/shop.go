@@ -144,7 +144,7 @@ func removeSlots(ctx context.Context, c *siphon.Conn, source string) {
 	defer cancel()
 	c.DropSlot(ctx, backupSlotName)
 	exec(ctx, source, "DROP PUBLICATION IF EXISTS "+publicationName)
-	// The CDC slot, and the schema capture a superuser's Conn installed.
+	// The CDC slot, and the schema capture where one was installed.
 	c.Detach(ctx)
 }
 
