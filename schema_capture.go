@@ -50,7 +50,7 @@ type captureState struct {
 	// exist yet. The capture looks after a publication that holds it.
 	published bool
 	// holds: c's publication exists and holds the capture's table.
-	holds bool
+	holds     bool
 	superuser bool
 	// installer is the owner of the capture's triggers ("" when none).
 	installer string
