@@ -55,6 +55,8 @@ const (
 	fCalled
 	fRole
 	fProblem
+	fAuth
+	fKey
 	fUnknown
 )
 
@@ -71,7 +73,8 @@ var fieldNames = [...]string{
 	fTransactional: "transactional", fPrefix: "prefix", fContent: "content",
 	fRecords: "records", fChecksum: "checksum", fPrevious: "previous",
 	fTag: "tag", fStatement: "statement", fSearchPath: "search_path", fObjects: "objects",
-	fValue: "value", fCalled: "called", fRole: "role", fProblem: "problem", fUnknown: "?",
+	fValue: "value", fCalled: "called", fRole: "role", fProblem: "problem",
+	fAuth: "auth", fKey: "key", fUnknown: "?",
 }
 
 func (f field) String() string { return fieldNames[f] }
@@ -179,6 +182,10 @@ func lookupField(key []byte) field {
 		return fRole
 	case "problem":
 		return fProblem
+	case "auth":
+		return fAuth
+	case "key":
+		return fKey
 	}
 	return fUnknown
 }
@@ -189,7 +196,7 @@ type recordFields struct {
 	seen uint64
 
 	typ, format, version, kind, engine, systemID, slot, serverVersion []byte
-	checksum, previous                                                []byte
+	checksum, previous, auth, key                                     []byte
 	schema, name, table, replicaIdentity, prefix, content             []byte
 	tag, statement, searchPath, role, problem                         []byte
 
@@ -292,6 +299,10 @@ func (d *Decoder) parseField(f field) error {
 		r.checksum, err = d.stringField()
 	case fPrevious:
 		r.previous, err = d.stringField()
+	case fAuth:
+		r.auth, err = d.stringField()
+	case fKey:
+		r.key, err = d.stringField()
 	case fSchema:
 		r.schema, err = d.stringField()
 	case fName:

@@ -186,3 +186,44 @@ func FuzzChecksum(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAuthentication replaces, deletes or inserts one byte of an
+// authenticated stream and recomputes every checksum, as someone without
+// the key can: the Decoder that holds the key never reads the changed
+// stream to its end as authenticated, and never returns a ddl record that
+// is not one the key holder wrote. (Removing the authentication outright
+// takes more than one byte; TestTamperedStreamsAreRefused covers it.)
+func FuzzAuthentication(f *testing.F) {
+	orig := keyedChanges(f, testKey, 2)
+	f.Add(uint8(0), uint16(40), byte('x'))
+	f.Add(uint8(1), uint16(300), byte('x'))
+	f.Fuzz(func(t *testing.T, edit uint8, at uint16, v byte) {
+		i := int(at) % len(orig)
+		var data []byte
+		switch edit % 3 {
+		case 0:
+			data = bytes.Clone(orig)
+			data[i] = v
+		case 1:
+			data = append(bytes.Clone(orig[:i]), orig[i+1:]...)
+		default:
+			data = append(append(bytes.Clone(orig[:i]), v), orig[i:]...)
+		}
+		data = resum(data)
+		if bytes.Equal(data, orig) || bytes.Equal(data, orig[:len(orig)-1]) {
+			return
+		}
+		d, recs, err := decodeKeyed(data, testKey)
+		if err == nil && d.Authenticated() {
+			t.Fatalf("a stream changed at byte %d (edit %d, %q) authenticates:\n%s", i, edit%3, v, data)
+		}
+		if !d.Authenticated() {
+			return
+		}
+		for _, r := range recs {
+			if r.Type == RecordChange && r.Change.Op == OpDDL && !bytes.Contains(orig, []byte(`"statement":"`+r.Change.DDL.Statement+`"`)) {
+				t.Fatalf("a changed ddl record was returned as authenticated: %q", r.Change.DDL.Statement)
+			}
+		}
+	})
+}
