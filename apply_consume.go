@@ -107,7 +107,7 @@ func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
 	if err != nil {
 		return errorf("siphon: consume canonical: %w", err)
 	}
-	dec := newStreamRecords(body)
+	dec := newStreamRecords(body, &c.opts)
 	h, err := dec.dec.Header()
 	if err != nil {
 		return errorf("siphon: consume canonical: %w", err)
@@ -192,21 +192,39 @@ type records interface {
 	Buffered() bool
 }
 
-// streamRecords are the records of a canonical stream.
+// streamRecords are the records of a canonical stream, read with the
+// Conn's keys; a schema change it may not run ends the stream, as a
+// damaged record does (err keeps that).
 type streamRecords struct {
-	br  *bufio.Reader
-	dec *canonical.Decoder
+	br   *bufio.Reader
+	dec  *canonical.Decoder
+	opts *options
+	err  error
 }
 
-func newStreamRecords(r io.Reader) *streamRecords {
+func newStreamRecords(r io.Reader, opts *options) *streamRecords {
 	// The decoder reads through br itself (bufio reuses a large enough
 	// Reader), so br.Buffered tells whether more of the stream is in memory.
 	br := bufio.NewReaderSize(r, 256<<10)
-	return &streamRecords{br: br, dec: canonical.NewDecoder(br)}
+	return &streamRecords{br: br, dec: opts.newDecoder(br), opts: opts}
 }
 
-func (s *streamRecords) Next() (canonical.Record, error) { return s.dec.Next() }
-func (s *streamRecords) Buffered() bool                  { return s.br.Buffered() > 0 }
+func (s *streamRecords) Next() (canonical.Record, error) {
+	if s.err != nil {
+		return canonical.Record{}, s.err
+	}
+	rec, err := s.dec.Next()
+	if err == nil {
+		s.err = s.opts.checkSchemaChange(s.dec, rec)
+		err = s.err
+	}
+	if err != nil {
+		return canonical.Record{}, err
+	}
+	return rec, nil
+}
+
+func (s *streamRecords) Buffered() bool { return s.br.Buffered() > 0 }
 
 // recordSource reads records, with one record of look-ahead. While taping,
 // it keeps the records it reads, so that a failed unit can be applied

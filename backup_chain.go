@@ -262,7 +262,7 @@ func (c *Conn) consumeUpTo(ctx context.Context, body io.Reader, cut canonical.Po
 	pr, pw := io.Pipe()
 	filtered := make(chan error, 1)
 	go func() {
-		err := copyUpTo(body, pw, cut)
+		err := copyUpTo(body, pw, cut, &c.opts)
 		pw.CloseWithError(err) // nil: the reader sees EOF
 		filtered <- err
 	}()
@@ -280,15 +280,21 @@ func (c *Conn) consumeUpTo(ctx context.Context, body io.Reader, cut canonical.Po
 
 // copyUpTo copies a JSONL stream's header, table records and changes to w
 // up to the commit that ends at cut, then the stream's sequences (read at
-// its end, so at or after the cut), then writes an end record at cut.
-func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position) error {
-	d := canonical.NewDecoder(body)
+// its end, so at or after the cut), then writes an end record at cut. A
+// stream authenticated with one of o's keys is written authenticated with
+// o's current key, having been verified as it is read: its schema changes
+// stay the key holder's. Any other is written unauthenticated.
+func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position, o *options) error {
+	d := o.newDecoder(body)
 	h, err := d.Header()
 	if err != nil {
 		return err
 	}
 	h.End = 0 // the end record carries the cut
 	enc := canonical.NewEncoder(w)
+	if d.Authenticated() {
+		enc = o.newEncoder(w)
+	}
 	if err := enc.WriteHeader(h); err != nil {
 		return err
 	}

@@ -454,3 +454,15 @@ type prefixedError struct {
 
 func (e *prefixedError) Error() string { return e.msg }
 func (e *prefixedError) Unwrap() error { return e.err }
+
+// issue 24: authentication
+
+// ErrUnauthenticatedSchemaChange is returned (wrapped, with the Position of
+// the source transaction) by [Conn.ConsumeCanonical] and
+// [Conn.RestoreChain] for a schema change (a DDL record) in a stream that is
+// not authenticated with one of the Conn's keys; nothing of that source
+// transaction is applied. A schema change runs a statement on the target,
+// and whoever could write the stream chose it.
+var ErrUnauthenticatedSchemaChange = errors.New("siphon: a schema change in a stream that is not authenticated with the Conn's key: " +
+	"write the stream with a Conn made WithStreamKey and read it with the same key (or a previous one), " +
+	"or connect WithUnauthenticatedSchemaChanges to run schema changes of streams you trust")
