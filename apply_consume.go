@@ -79,7 +79,14 @@ const (
 // with the same checks. Logical decoding messages are not applied. A
 // schema change ([canonical.OpDDL]) is run at its place, and its target
 // transaction ends with its source transaction (see the package
-// documentation on schema changes); the stream's sequences are set, never
+// documentation on schema changes), but only from a stream authenticated
+// with one of the Conn's keys ([WithStreamKey]): a schema change of
+// another stream is a statement whoever could write the stream chose, and
+// is refused with [ErrUnauthenticatedSchemaChange], with nothing of its
+// source transaction applied, unless [WithUnauthenticatedSchemaChanges];
+// a stream that names one of the Conn's keys but fails its check stops at
+// the checkpoint that fails, with an error wrapping
+// [canonical.ErrAuthentication]; the stream's sequences are set, never
 // moved back, once its end is read and its transactions are committed.
 //
 // The target's own logic does not run on applied changes, as with

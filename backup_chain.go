@@ -58,7 +58,13 @@ func (o RestoreChainOptions) within(pos canonical.Position, at time.Time) bool {
 // [Conn.VerifyChain]: a chain that does not verify (a link damaged, missing,
 // repeated or out of order, from another cluster or timeline) is refused
 // with a [*ChainError] naming the first bad link, and the target is left
-// untouched. That is why the links are io.ReadSeekers: each is read from
+// untouched. So is a chain with a schema change in an incremental that is
+// not authenticated with one of the Conn's keys ([WithStreamKey]), or
+// with an unauthenticated link after an authenticated one: restoring an
+// incremental runs its schema changes as statements on the target (see
+// [WithUnauthenticatedSchemaChanges]), as restoring the base runs the SQL
+// of its dump, which no key authenticates: keep the base where only
+// trusted writers reach. That is why the links are io.ReadSeekers: each is read from
 // its current offset to verify it, then sought back there and read again
 // to restore it (an incremental cut at a target is read a third time, to
 // find the cut first). Pass *os.File or *bytes.Reader values; nothing is

@@ -433,7 +433,8 @@ func needRelease(option string, release int, server pgdump.Version) error {
 // until the streams written with them are gone. Only the schema changes of
 // a stream authenticated with one of these keys are applied (see
 // [ErrUnauthenticatedSchemaChange]); a stream that names one of them but
-// fails its check is refused whole. Each key must be at least 32 bytes
+// fails its check is refused from the checkpoint that fails (by
+// RestoreChain, which verifies first, whole). Each key must be at least 32 bytes
 // (an [*OptionError] from [Connect] otherwise), random, and kept apart from
 // the streams (a backup's storage must not hold its key); the Conn copies
 // the keys and never prints them. Defaults to no key: streams are checked

@@ -213,3 +213,19 @@ func TestKeyID(t *testing.T) {
 	assert.NotEqual(t, KeyID(testKey), KeyID(otherKey))
 	assert.NotContains(t, KeyID(testKey), hex.EncodeToString(testKey[:8]))
 }
+
+// TestRecorderSetKey: a recording made with a key is authenticated.
+func TestRecorderSetKey(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	r := NewRecorder(&buf, 0)
+	require.NoError(t, r.SetKey(testKey))
+	require.NoError(t, r.Emit(Change{Op: OpBegin, XID: 1, Position: 0x10, CommitTime: testTime}))
+	require.NoError(t, r.Emit(Change{Op: OpDDL, XID: 1, Position: 0x10, DDL: &DDL{Tag: "CREATE TABLE", Statement: "CREATE TABLE t ()", SearchPath: "public"}}))
+	require.NoError(t, r.Emit(Change{Op: OpCommit, XID: 1, Position: 0x20, CommitTime: testTime}))
+	require.NoError(t, r.Close())
+	d, recs, err := decodeKeyed(buf.Bytes(), testKey)
+	require.NoError(t, err)
+	assert.True(t, d.Authenticated())
+	assert.Len(t, recs, 4)
+}

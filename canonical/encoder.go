@@ -24,7 +24,9 @@ import (
 // transaction, every sequence, the end record and, in snapshots, a row
 // every 256 KiB
 // carry a running CRC-32C of the stream (see [Header].Checked), which the
-// Decoder verifies as it reads.
+// Decoder verifies as it reads. With a key ([Encoder.SetKey]) the stream
+// is also authenticated: those checkpoints and every ddl record carry an
+// HMAC-SHA-256 of the stream so far (see [Header].KeyID).
 //
 // Rows and changes are written without reflection or per-value allocation.
 // An Encoder is not safe for concurrent use.
