@@ -64,5 +64,5 @@ func unauthenticatedSchemaChange(pos canonical.Position, keyID string, o *option
 	if keyID != "" {
 		why = fmt.Sprintf("the stream is authenticated with key %s, which is not among the Conn's keys (%s)", keyID, o.keyIDs())
 	}
-	return fmt.Errorf("schema change of the source transaction at %v refused, nothing of that transaction applied: %s: %w", pos, why, ErrUnauthenticatedSchemaChange)
+	return fmt.Errorf("the schema change of the source transaction at %v: %s: %w", pos, why, ErrUnauthenticatedSchemaChange)
 }

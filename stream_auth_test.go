@@ -120,8 +120,8 @@ func copyToProgram(marker string) string {
 	return fmt.Sprintf("COPY (SELECT 1) TO PROGRAM 'touch %s'", marker)
 }
 
-// keyedChainFixture is a chain (a base, then two incrementals of one tick
-// each) taken by a Conn WithStreamKey(authKey).
+// keyedChainFixture is a chain (a base, then an incremental of one tick
+// and one of two) taken by a Conn WithStreamKey(authKey).
 func keyedChainFixture(t *testing.T) (base []byte, incs [][]byte) {
 	t.Helper()
 	ctx := context.Background()
@@ -138,6 +138,9 @@ func keyedChainFixture(t *testing.T) (base []byte, incs [][]byte) {
 	prev := rep.ChainLink()
 	for k := 1; k <= 2; k++ {
 		tick(t, src, k)
+		if k == 2 {
+			tick(t, src, 3) // the last incremental has two transactions
+		}
 		var incr bytes.Buffer
 		prev, err = c.BackupIncrementalAfter(ctx, prev, &incr)
 		require.NoError(t, err)
@@ -210,9 +213,33 @@ func TestAuthTamperedIncrementalIsRefused(t *testing.T) {
 	_, err = target.RestoreChain(ctx, siphon.RestoreChainOptions{}, bytes.NewReader(base), readers(incs[0], legit)...)
 	require.NoError(t, err)
 	assert.Equal(t, 1, count(t, dst, "SELECT count(*) FROM pg_tables WHERE tablename = 'legit'"), "the key holder's schema change ran")
-	assert.Equal(t, []int{1, 2}, ticksOf(t, dst))
+	assert.Equal(t, []int{1, 2, 3}, ticksOf(t, dst))
 	require.NoError(t, target.Close())
 	assertNoLeaks(t, dsn)
+
+	// A point-in-time restore cuts the last link after its first
+	// transaction, the one with the schema change, and writes it again
+	// for the apply: authenticated, with the Conn's key, so it runs.
+	_, target, dst = restoreTargetWith(t, siphon.WithStreamKey(authKey))
+	cut := firstCommit(t, legit)
+	reached, err := target.RestoreChain(ctx, siphon.RestoreChainOptions{TargetPosition: cut}, bytes.NewReader(base), readers(incs[0], legit)...)
+	require.NoError(t, err)
+	assert.Equal(t, cut, reached)
+	assert.Equal(t, 1, count(t, dst, "SELECT count(*) FROM pg_tables WHERE tablename = 'legit'"))
+	assert.Equal(t, []int{1, 2}, ticksOf(t, dst))
+}
+
+// firstCommit returns the end of a stream's first transaction.
+func firstCommit(t *testing.T, stream []byte) canonical.Position {
+	t.Helper()
+	d := canonical.NewDecoder(bytes.NewReader(stream))
+	for {
+		rec, err := d.Next()
+		require.NoError(t, err)
+		if rec.Type == canonical.RecordChange && rec.Change.Op == canonical.OpCommit {
+			return rec.Change.Position
+		}
+	}
 }
 
 // restoreTargetWith is restoreTarget with options.
