@@ -119,7 +119,12 @@
 // column dropped) and stops at any other with a
 // [*SchemaIncompatibleError] naming it. Schema changes are run with the
 // privileges of the applying role: apply only from sources whose DDL you
-// would run. The capture's rows pass through the table
+// would run. A canonical stream is a file or a message, which whoever can
+// write it may change: [Conn.ConsumeCanonical] and [Conn.RestoreChain] run
+// its schema changes only when it is authenticated with one of the Conn's
+// keys ([WithStreamKey]), unless [WithUnauthenticatedSchemaChanges]. The
+// column types a stream shows are checked by the target before they are
+// used. The capture's rows pass through the table
 // siphon.schema_changes, which siphon's publications hold: a native
 // subscription (CREATE SUBSCRIPTION) of one of them needs that table on the
 // subscriber too (CREATE SCHEMA siphon; CREATE TABLE siphon.schema_changes

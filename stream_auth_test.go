@@ -370,7 +370,7 @@ func TestAuthConsumeRefusesUnauthenticatedSchemaChanges(t *testing.T) {
 func TestAuthStreamKeyOption(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn, _ := newDatabase(t)
+	dsn, db := newDatabase(t)
 	short := []byte("0123456789abcdefghijklmnopq")
 	for _, opt := range []siphon.Option{siphon.WithStreamKey(short), siphon.WithStreamKey(authKey, short)} {
 		_, err := siphon.Connect(ctx, dsn, opt)
@@ -379,7 +379,19 @@ func TestAuthStreamKeyOption(t *testing.T) {
 		assert.Equal(t, "WithStreamKey", optErr.Option)
 		assert.NotContains(t, err.Error(), string(short))
 	}
-	rep, err := siphon.VerifyStream(ctx, bytes.NewReader(changeStream(t, authKey, "CREATE TABLE legit (id int)")), siphon.WithStreamKey(authKey))
+	// EmitCanonical writes an authenticated snapshot.
+	execSQL(t, db, `CREATE TABLE tbl (id int PRIMARY KEY, v text NOT NULL)`, `INSERT INTO tbl VALUES (1, 'v')`)
+	c, _ := backupConn(t, dsn, siphon.WithStreamKey(authKey))
+	var snap bytes.Buffer
+	_, err := c.EmitCanonical(ctx, nil, &snap)
+	require.NoError(t, err)
+	rep, err := c.Verify(ctx, bytes.NewReader(snap.Bytes()))
+	require.NoError(t, err)
+	assert.True(t, rep.OK, "%v", rep.Problems)
+	assert.True(t, rep.Authenticated)
+	assert.Equal(t, canonical.KeyID(authKey), rep.KeyID)
+
+	rep, err = siphon.VerifyStream(ctx, bytes.NewReader(changeStream(t, authKey, "CREATE TABLE legit (id int)")), siphon.WithStreamKey(authKey))
 	require.NoError(t, err)
 	assert.True(t, rep.OK, "%v", rep.Problems)
 	assert.True(t, rep.Authenticated)
