@@ -79,7 +79,14 @@ const (
 // with the same checks. Logical decoding messages are not applied. A
 // schema change ([canonical.OpDDL]) is run at its place, and its target
 // transaction ends with its source transaction (see the package
-// documentation on schema changes); the stream's sequences are set, never
+// documentation on schema changes), but only from a stream authenticated
+// with one of the Conn's keys ([WithStreamKey]): a schema change of
+// another stream is a statement whoever could write the stream chose, and
+// is refused with [ErrUnauthenticatedSchemaChange], with nothing of its
+// source transaction applied, unless [WithUnauthenticatedSchemaChanges];
+// a stream that names one of the Conn's keys but fails its check stops at
+// the checkpoint that fails, with an error wrapping
+// [canonical.ErrAuthentication]; the stream's sequences are set, never
 // moved back, once its end is read and its transactions are committed.
 //
 // The target's own logic does not run on applied changes, as with
@@ -107,7 +114,7 @@ func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
 	if err != nil {
 		return errorf("siphon: consume canonical: %w", err)
 	}
-	dec := newStreamRecords(body)
+	dec := newStreamRecords(body, &c.opts)
 	h, err := dec.dec.Header()
 	if err != nil {
 		return errorf("siphon: consume canonical: %w", err)
@@ -192,21 +199,39 @@ type records interface {
 	Buffered() bool
 }
 
-// streamRecords are the records of a canonical stream.
+// streamRecords are the records of a canonical stream, read with the
+// Conn's keys; a schema change it may not run ends the stream, as a
+// damaged record does (err keeps that).
 type streamRecords struct {
-	br  *bufio.Reader
-	dec *canonical.Decoder
+	br   *bufio.Reader
+	dec  *canonical.Decoder
+	opts *options
+	err  error
 }
 
-func newStreamRecords(r io.Reader) *streamRecords {
+func newStreamRecords(r io.Reader, opts *options) *streamRecords {
 	// The decoder reads through br itself (bufio reuses a large enough
 	// Reader), so br.Buffered tells whether more of the stream is in memory.
 	br := bufio.NewReaderSize(r, 256<<10)
-	return &streamRecords{br: br, dec: canonical.NewDecoder(br)}
+	return &streamRecords{br: br, dec: opts.newDecoder(br), opts: opts}
 }
 
-func (s *streamRecords) Next() (canonical.Record, error) { return s.dec.Next() }
-func (s *streamRecords) Buffered() bool                  { return s.br.Buffered() > 0 }
+func (s *streamRecords) Next() (canonical.Record, error) {
+	if s.err != nil {
+		return canonical.Record{}, s.err
+	}
+	rec, err := s.dec.Next()
+	if err == nil {
+		s.err = s.opts.checkSchemaChange(s.dec, rec)
+		err = s.err
+	}
+	if err != nil {
+		return canonical.Record{}, err
+	}
+	return rec, nil
+}
+
+func (s *streamRecords) Buffered() bool { return s.br.Buffered() > 0 }
 
 // recordSource reads records, with one record of look-ahead. While taping,
 // it keeps the records it reads, so that a failed unit can be applied

@@ -183,15 +183,32 @@ func (s *applySession) followColumns(ctx context.Context, t *canonical.Table, ta
 	case len(add)+len(drop) == 0:
 		return false, nil
 	}
-	var stmts []string
-	for _, c := range add {
-		stmts = append(stmts, "ALTER TABLE "+sqltext.Name(name.Schema, name.Name)+" ADD COLUMN "+sqltext.Ident(c.Name)+" "+c.Type)
+	// A column's type is text from the stream: it reaches SQL only once
+	// isTypeName and the target's own parser take it for a type name.
+	notType := func(c canonical.Column) error {
+		return &SchemaIncompatibleError{Table: name, Column: c.Name, Problem: fmt.Sprintf(
+			"the source added the column with type %q, which is not a type name the target knows: nothing was run; add the column by hand", shorten(c.Type, 80))}
 	}
-	for _, col := range drop {
-		stmts = append(stmts, "ALTER TABLE "+sqltext.Name(name.Schema, name.Name)+" DROP COLUMN "+sqltext.Ident(col))
+	for _, c := range add {
+		if !isTypeName(c.Type) {
+			return false, notType(c)
+		}
 	}
 	if err := s.flush(ctx); err != nil {
 		return false, err
+	}
+	var stmts []string
+	for _, c := range add {
+		typ, ok, err := targetTypeName(ctx, s.pg, c.Type)
+		if err != nil {
+			return false, err
+		} else if !ok {
+			return false, notType(c)
+		}
+		stmts = append(stmts, "ALTER TABLE "+sqltext.Name(name.Schema, name.Name)+" ADD COLUMN "+sqltext.Ident(c.Name)+" "+typ)
+	}
+	for _, col := range drop {
+		stmts = append(stmts, "ALTER TABLE "+sqltext.Name(name.Schema, name.Name)+" DROP COLUMN "+sqltext.Ident(col))
 	}
 	for _, stmt := range stmts {
 		if _, err := s.pg.Exec(ctx, stmt).ReadAll(); err != nil {

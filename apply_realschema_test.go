@@ -271,11 +271,11 @@ func TestRealSchemaBackupChain(t *testing.T) {
 
 // restoreChainInto restores base and links with RestoreChain into a new
 // database, and returns it and the Position RestoreChain reached.
-func restoreChainInto(t *testing.T, systemID, slot string, base []byte, links [][]byte) (string, *pgx.Conn, canonical.Position) {
+func restoreChainInto(t *testing.T, systemID, slot string, base []byte, links [][]byte, opts ...siphon.Option) (string, *pgx.Conn, canonical.Position) {
 	t.Helper()
 	ctx := context.Background()
 	dsn, conn := newDatabase(t)
-	target, err := siphon.Connect(ctx, dsn)
+	target, err := siphon.Connect(ctx, dsn, opts...)
 	require.NoError(t, err)
 	defer target.Close()
 	forgetAppliedPosition(t, dsn, systemID, slot)

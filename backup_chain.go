@@ -58,7 +58,13 @@ func (o RestoreChainOptions) within(pos canonical.Position, at time.Time) bool {
 // [Conn.VerifyChain]: a chain that does not verify (a link damaged, missing,
 // repeated or out of order, from another cluster or timeline) is refused
 // with a [*ChainError] naming the first bad link, and the target is left
-// untouched. That is why the links are io.ReadSeekers: each is read from
+// untouched. So is a chain with a schema change in an incremental that is
+// not authenticated with one of the Conn's keys ([WithStreamKey]), or
+// with an unauthenticated link after an authenticated one: restoring an
+// incremental runs its schema changes as statements on the target (see
+// [WithUnauthenticatedSchemaChanges]), as restoring the base runs the SQL
+// of its dump, which no key authenticates: keep the base where only
+// trusted writers reach. That is why the links are io.ReadSeekers: each is read from
 // its current offset to verify it, then sought back there and read again
 // to restore it (an incremental cut at a target is read a third time, to
 // find the cut first). Pass *os.File or *bytes.Reader values; nothing is
@@ -262,7 +268,7 @@ func (c *Conn) consumeUpTo(ctx context.Context, body io.Reader, cut canonical.Po
 	pr, pw := io.Pipe()
 	filtered := make(chan error, 1)
 	go func() {
-		err := copyUpTo(body, pw, cut)
+		err := copyUpTo(body, pw, cut, &c.opts)
 		pw.CloseWithError(err) // nil: the reader sees EOF
 		filtered <- err
 	}()
@@ -280,15 +286,21 @@ func (c *Conn) consumeUpTo(ctx context.Context, body io.Reader, cut canonical.Po
 
 // copyUpTo copies a JSONL stream's header, table records and changes to w
 // up to the commit that ends at cut, then the stream's sequences (read at
-// its end, so at or after the cut), then writes an end record at cut.
-func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position) error {
-	d := canonical.NewDecoder(body)
+// its end, so at or after the cut), then writes an end record at cut. A
+// stream authenticated with one of o's keys is written authenticated with
+// o's current key, having been verified as it is read: its schema changes
+// stay the key holder's. Any other is written unauthenticated.
+func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position, o *options) error {
+	d := o.newDecoder(body)
 	h, err := d.Header()
 	if err != nil {
 		return err
 	}
 	h.End = 0 // the end record carries the cut
 	enc := canonical.NewEncoder(w)
+	if d.Authenticated() {
+		enc = o.newEncoder(w)
+	}
 	if err := enc.WriteHeader(h); err != nil {
 		return err
 	}

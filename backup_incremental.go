@@ -74,7 +74,7 @@ func (c *Conn) BackupIncrementalAfter(ctx context.Context, prev ChainLink, w io.
 	if err != nil {
 		return prev, errorf("siphon: incremental backup: %w", err)
 	}
-	enc := canonical.NewEncoder(w)
+	enc := c.opts.newEncoder(w)
 	end := since
 	cfg := streamConfig{from: since, bound: bound, holdAck: true}
 	cfg.onStart = func(start canonical.Position, info streamInfo) error {

@@ -52,6 +52,19 @@ type VerifyReport struct {
 	// [canonical.EnvelopeTrailer.Link]) or a checked JSONL stream's (see
 	// [canonical.Decoder.Link]).
 	Previous, Link string
+	// Authenticated is true when a JSONL stream is authenticated with one
+	// of the Conn's keys ([WithStreamKey]), which verified every byte of
+	// it, to its end: only the key holder wrote it. KeyID names the key a JSONL stream
+	// says it is authenticated with (see [canonical.KeyID]), held by the
+	// Conn or not; empty for a stream that is not authenticated. A stream
+	// that names one of the Conn's keys and fails its check is a problem.
+	Authenticated bool
+	KeyID         string
+	// SchemaChanges counts a JSONL stream's schema changes (DDL records):
+	// restoring it runs each as a statement on the target. Those of a
+	// stream that is not Authenticated are a problem, unless the Conn was
+	// made [WithUnauthenticatedSchemaChanges].
+	SchemaChanges int
 	// Created is when the backup was written.
 	Created time.Time
 	// Bytes is the stream's size as read; BodyBytes the body's.
@@ -76,47 +89,51 @@ func (r *VerifyReport) problem(format string, args ...any) {
 // report (OK false); Verify returns an error only when it could not
 // check: the reader failed, ctx ended, pg_restore is missing.
 //
-// Of the Conn it uses only its options ([WithUncheckedStreams]):
-// [VerifyStream] does the same with no Conn and no server.
+// Of the Conn it uses only its options ([WithUncheckedStreams],
+// [WithStreamKey], [WithUnauthenticatedSchemaChanges]): [VerifyStream] does
+// the same with no Conn and no server.
 func (c *Conn) Verify(ctx context.Context, r io.Reader) (*VerifyReport, error) {
-	return verifyStream(ctx, r, c.opts.uncheckedStreams)
+	return verifyStream(ctx, r, &c.opts)
 }
 
 // VerifyStream is [Conn.Verify] without a Conn, for a process that checks
 // backups and has no database to connect to (a backup orchestrator, the
 // first step of a restore drill): verifying needs only the stream, and
-// pg_restore for a dump. Of opts only [WithUncheckedStreams] has an effect
-// (the others configure a Conn's sessions): without it, a bare JSONL
-// stream that carries no checksums is a problem, as it is for a Conn.
+// pg_restore for a dump. Of opts only [WithUncheckedStreams],
+// [WithStreamKey] and [WithUnauthenticatedSchemaChanges] have an effect
+// (the others configure a Conn's sessions): without the first, a bare
+// JSONL stream that carries no checksums is a problem, as it is for a
+// Conn.
 func VerifyStream(ctx context.Context, r io.Reader, opts ...Option) (*VerifyReport, error) {
-	return verifyStream(ctx, r, acceptsUnchecked(opts))
+	o := verifyOptions(opts)
+	return verifyStream(ctx, r, &o)
 }
 
-// acceptsUnchecked reports whether opts include WithUncheckedStreams.
-func acceptsUnchecked(opts []Option) bool {
+// verifyOptions applies opts to the defaults.
+func verifyOptions(opts []Option) options {
 	o := defaultOptions()
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return o.uncheckedStreams
+	return o
 }
 
-// verifyStream is Verify; unchecked accepts JSONL streams without
-// checksums.
-func verifyStream(ctx context.Context, r io.Reader, unchecked bool) (*VerifyReport, error) {
+// verifyStream is Verify, with the Conn's options: o.uncheckedStreams
+// accepts JSONL streams without checksums, o.streamKeys authenticate them.
+func verifyStream(ctx context.Context, r io.Reader, o *options) (*VerifyReport, error) {
 	rep := &VerifyReport{}
 	counted := &countingReader{r: &ctxReader{ctx: ctx, r: r}}
 	br := bufio.NewReaderSize(counted, 64<<10)
 	var err error
 	if first, _ := br.Peek(1); len(first) == 1 && first[0] == '{' {
-		err = verifyJSONL(br, rep, nil)
+		err = verifyJSONL(br, rep, nil, o)
 		rep.Bytes = counted.n - int64(br.Buffered())
-		if err == nil && !rep.Checked && !unchecked {
+		if err == nil && !rep.Checked && !o.uncheckedStreams {
 			rep.problem("the JSONL stream carries no checksums (written by hand, or by siphon before streams were checked): " +
 				"nothing vouches for its content; write it with canonical.Encoder, or accept it with WithUncheckedStreams")
 		}
 	} else {
-		err = verifyEnvelope(ctx, br, rep)
+		err = verifyEnvelope(ctx, br, rep, o)
 	}
 	if err != nil {
 		return nil, errorf("siphon: verify: %w", err)
@@ -144,7 +161,7 @@ func streamProblem(rep *VerifyReport, err error) error {
 // contentErrors are the decode errors that say what is wrong with a
 // JSONL stream itself.
 var contentErrors = []error{canonical.ErrSyntax, canonical.ErrInvalidRecord, canonical.ErrOrder, canonical.ErrUnknownTable,
-	canonical.ErrUnsupportedVersion, canonical.ErrInvalidUTF8, canonical.ErrLineTooLong, canonical.ErrChecksum, io.ErrUnexpectedEOF}
+	canonical.ErrUnsupportedVersion, canonical.ErrInvalidUTF8, canonical.ErrLineTooLong, canonical.ErrChecksum, canonical.ErrAuthentication, io.ErrUnexpectedEOF}
 
 // isReadError reports whether a decode error is the reader's failure
 // rather than the stream's content.
@@ -158,7 +175,7 @@ func isReadError(err *canonical.DecodeError) bool {
 }
 
 // verifyEnvelope checks an envelope and its body.
-func verifyEnvelope(ctx context.Context, r io.Reader, rep *VerifyReport) error {
+func verifyEnvelope(ctx context.Context, r io.Reader, rep *VerifyReport, o *options) error {
 	er := canonical.NewEnvelopeReader(r)
 	h, err := er.Header()
 	if err != nil {
@@ -174,7 +191,7 @@ func verifyEnvelope(ctx context.Context, r io.Reader, rep *VerifyReport) error {
 	case canonical.BodyPgDumpDirectoryTar:
 		err = verifyDumpTar(ctx, er, h, rep)
 	case canonical.BodyJSONL:
-		err = verifyJSONL(er, rep, &h)
+		err = verifyJSONL(er, rep, &h, o)
 	}
 	if err != nil {
 		return err
@@ -278,13 +295,14 @@ func verifyDumpTar(ctx context.Context, er *canonical.EnvelopeReader, h canonica
 }
 
 // verifyJSONL decodes a JSONL stream to its end, checking it against its
-// envelope's header, if any.
-func verifyJSONL(r io.Reader, rep *VerifyReport, env *canonical.EnvelopeHeader) error {
-	d := canonical.NewDecoder(r)
+// envelope's header, if any, and authenticating it with o's keys.
+func verifyJSONL(r io.Reader, rep *VerifyReport, env *canonical.EnvelopeHeader, o *options) error {
+	d := o.newDecoder(r)
 	jh, err := d.Header()
 	if err != nil {
 		return streamProblem(rep, err)
 	}
+	rep.KeyID = jh.KeyID
 	if env == nil {
 		rep.Kind, rep.Start, rep.End, rep.Created = jh.Kind, jh.Start, jh.End, jh.Created
 		rep.SystemID, rep.Timeline, rep.Slot, rep.ServerVersion = jh.SystemID, jh.Timeline, jh.Slot, jh.ServerVersion
@@ -299,10 +317,18 @@ func verifyJSONL(r io.Reader, rep *VerifyReport, env *canonical.EnvelopeHeader) 
 			if env == nil {
 				rep.Link = d.Link()
 			}
+			rep.Authenticated = d.Authenticated() // every byte verified
 			return nil
 		}
 		if err != nil {
 			return streamProblem(rep, err)
+		}
+		if rec.Type == canonical.RecordChange && rec.Change.Op == canonical.OpDDL {
+			if rep.SchemaChanges++; rep.SchemaChanges == 1 {
+				if err := o.checkSchemaChange(d, rec); err != nil {
+					rep.problem("JSONL body: %v", err)
+				}
+			}
 		}
 		switch rec.Type {
 		case canonical.RecordTable:
@@ -360,21 +386,22 @@ type ChainReport struct {
 // only when it could not read a link. Like Verify it touches no database:
 // [VerifyStreamChain] does the same with no Conn.
 func (c *Conn) VerifyChain(ctx context.Context, links ...io.Reader) (*ChainReport, error) {
-	return verifyChain(ctx, links, c.opts.uncheckedStreams)
+	return verifyChain(ctx, links, &c.opts)
 }
 
 // VerifyStreamChain is [Conn.VerifyChain] without a Conn, as
 // [VerifyStream] is [Conn.Verify]: links are the chain's streams in order,
-// and of opts only [WithUncheckedStreams] has an effect.
+// and of opts only those VerifyStream takes have an effect.
 func VerifyStreamChain(ctx context.Context, links []io.Reader, opts ...Option) (*ChainReport, error) {
-	return verifyChain(ctx, links, acceptsUnchecked(opts))
+	o := verifyOptions(opts)
+	return verifyChain(ctx, links, &o)
 }
 
-// verifyChain is VerifyChain; unchecked as for verifyStream.
-func verifyChain(ctx context.Context, links []io.Reader, unchecked bool) (*ChainReport, error) {
+// verifyChain is VerifyChain, with options o as for verifyStream.
+func verifyChain(ctx context.Context, links []io.Reader, o *options) (*ChainReport, error) {
 	chain := &ChainReport{}
 	for i, r := range links {
-		rep, err := verifyStream(ctx, r, unchecked)
+		rep, err := verifyStream(ctx, r, o)
 		if err != nil {
 			return nil, errorf("siphon: verify chain, link %d: %w", i+1, err)
 		}
@@ -425,6 +452,9 @@ func linkProblems(n int, prev, cur *VerifyReport) []string {
 	}
 	if cur.Previous != "" && prev.Link != "" && cur.Previous != prev.Link {
 		add("names %s as its previous link, but link %d is %s", cur.Previous, n-1, prev.Link)
+	}
+	if prev.Authenticated && !cur.Authenticated {
+		add("is not authenticated with the Conn's keys, but link %d is: it was not written by the key's holder (or with a key the Conn was not given, see WithStreamKey)", n-1)
 	}
 	return out
 }

@@ -515,3 +515,15 @@ func (e *SchemaCaptureForeignError) Error() string {
 	return "schema siphon holds objects siphon did not install: " + strings.Join(e.Objects, ", ") +
 		"; check what they do, then drop them (DROP SCHEMA siphon CASCADE, DROP EVENT TRIGGER) or give them to the installing superuser, and call InstallSchemaCapture again"
 }
+
+// issue 24: authentication
+
+// ErrUnauthenticatedSchemaChange is returned (wrapped, with the Position of
+// the source transaction) by [Conn.ConsumeCanonical] and
+// [Conn.RestoreChain] for a schema change (a DDL record) in a stream that is
+// not authenticated with one of the Conn's keys; nothing of that source
+// transaction is applied. A schema change runs a statement on the target,
+// and whoever could write the stream chose it.
+var ErrUnauthenticatedSchemaChange = errors.New("siphon: a schema change in a stream that is not authenticated with the Conn's key: " +
+	"write the stream with a Conn made WithStreamKey and read it with the same key (or a previous one), " +
+	"or connect WithUnauthenticatedSchemaChanges to run schema changes of streams you trust")

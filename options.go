@@ -1,6 +1,7 @@
 package siphon
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -49,6 +50,14 @@ type options struct {
 	roleDependentSchemaChanges bool
 	// source is set by the options only a source needs.
 	source bool
+
+	// issue 24: authentication
+	// streamKeys are WithStreamKey's keys, the current one first (nil:
+	// none); streamKeyProblem what is wrong with them, if anything.
+	streamKeys       [][]byte
+	streamKeyProblem string
+	// unauthenticatedDDL: apply DDL records of unauthenticated streams.
+	unauthenticatedDDL bool
 }
 
 func defaultOptions() options {
@@ -292,6 +301,10 @@ func (o *options) validate() ([]canonical.TableName, error) {
 		return nil, err
 	}
 	tables := make([]canonical.TableName, 0, len(o.tables))
+	if o.streamKeyProblem != "" {
+		return nil, &OptionError{Option: "WithStreamKey", Problem: o.streamKeyProblem,
+			Fix: fmt.Sprintf("use keys of at least %d random bytes (crypto/rand.Read), kept outside the backup storage", canonical.MinKeyBytes)}
+	}
 	seen := map[canonical.TableName]bool{}
 	for _, s := range o.tables {
 		name, err := parseTableName(s)
@@ -450,4 +463,57 @@ func (o *options) validateTrust() error {
 		}
 	}
 	return nil
+}
+
+// issue 24: authentication
+
+// WithStreamKey authenticates the canonical streams the Conn writes and
+// verifies those it reads with a key only the user holds: HMAC-SHA-256
+// over every byte, at every checkpoint and schema change, and over the
+// chain links (see the canonical package, "Authentication"). Every stream
+// the Conn writes ([Conn.EmitCanonical], [Conn.BackupIncremental],
+// [Conn.BackupIncrementalAfter]) is authenticated with key; the streams it
+// reads ([Conn.ConsumeCanonical], [Conn.RestoreChain], [Conn.Verify],
+// [Conn.VerifyChain]) are authenticated with key or any of previous, so
+// that keys can be rotated: write with the new key, accept the old ones
+// until the streams written with them are gone. Only the schema changes of
+// a stream authenticated with one of these keys are applied (see
+// [ErrUnauthenticatedSchemaChange]); a stream that names one of them but
+// fails its check is refused from the checkpoint that fails (by
+// RestoreChain, which verifies first, whole). Each key must be at least 32 bytes
+// (an [*OptionError] from [Connect] otherwise), random, and kept apart from
+// the streams (a backup's storage must not hold its key); the Conn copies
+// the keys and never prints them. Defaults to no key: streams are checked
+// for accidents (CRC-32C) but not authenticated, and their schema changes
+// are refused.
+func WithStreamKey(key []byte, previous ...[]byte) Option {
+	return func(o *options) {
+		o.streamKeys, o.streamKeyProblem = nil, ""
+		for i, k := range append([][]byte{key}, previous...) {
+			if len(k) < canonical.MinKeyBytes {
+				which := "the key"
+				if i > 0 {
+					which = fmt.Sprintf("previous key %d", i)
+				}
+				o.streamKeyProblem = fmt.Sprintf("%s has %d bytes, fewer than %d", which, len(k), canonical.MinKeyBytes)
+			}
+			o.streamKeys = append(o.streamKeys, bytes.Clone(k))
+		}
+	}
+}
+
+// WithUnauthenticatedSchemaChanges makes [Conn.ConsumeCanonical] and
+// [Conn.RestoreChain] run the schema changes (DDL records) of canonical
+// streams that are not authenticated with one of the Conn's keys (see
+// [WithStreamKey]), and [Conn.Verify] and [Conn.VerifyChain] accept them.
+// A schema change runs a statement on the target as the applying role:
+// whoever could write the stream (backup storage, a file's path, a message
+// subject) chooses what runs, "COPY ... TO PROGRAM" included. Give it only
+// for streams whose every byte you trust. Row changes of unauthenticated
+// streams are applied either way: they are data, bound as parameters.
+// Defaults to off: such a schema change is refused with
+// [ErrUnauthenticatedSchemaChange] before anything of its source
+// transaction is applied.
+func WithUnauthenticatedSchemaChanges() Option {
+	return func(o *options) { o.unauthenticatedDDL = true }
 }

@@ -233,7 +233,8 @@ func TestSchemaChangeRefusals(t *testing.T) {
 	srcDSN, src := newDatabase(t)
 	ddl := `CREATE TABLE items (id int PRIMARY KEY, v text)`
 	execSQL(t, src, ddl)
-	c, slot := backupConn(t, srcDSN)
+	// The incremental is written and read with a key: its schema changes run.
+	c, slot := backupConn(t, srcDSN, siphon.WithStreamKey(authKey))
 	start, err := c.CurrentPosition(ctx)
 	require.NoError(t, err)
 	execSQL(t, src,
@@ -248,7 +249,7 @@ func TestSchemaChangeRefusals(t *testing.T) {
 	targetDSN, target := newDatabase(t)
 	execSQL(t, target, ddl, `CREATE TABLE other (v text)`, `CREATE INDEX items_v ON other (v)`) // the name is taken
 	forgetAppliedPosition(t, targetDSN, systemIdentifier(t, src), slot)
-	apply, err := siphon.Connect(ctx, targetDSN)
+	apply, err := siphon.Connect(ctx, targetDSN, siphon.WithStreamKey(authKey))
 	require.NoError(t, err)
 	defer apply.Close()
 	var failed *siphon.SchemaChangeError
@@ -260,7 +261,7 @@ func TestSchemaChangeRefusals(t *testing.T) {
 
 	// Put right by hand: the index under the source's name.
 	execSQL(t, target, `DROP INDEX items_v`, `CREATE INDEX items_v ON items (v)`)
-	skipping, err := siphon.Connect(ctx, targetDSN, siphon.WithSkippedSchemaChange(failed.Position))
+	skipping, err := siphon.Connect(ctx, targetDSN, siphon.WithStreamKey(authKey), siphon.WithSkippedSchemaChange(failed.Position))
 	require.NoError(t, err)
 	defer skipping.Close()
 	var unreplayable *siphon.SchemaChangeError
@@ -269,7 +270,7 @@ func TestSchemaChangeRefusals(t *testing.T) {
 	assert.Equal(t, []string{"1", "2"}, column(t, target, `SELECT id::text FROM items ORDER BY id`))
 
 	execSQL(t, target, `ALTER TABLE items ADD COLUMN w int`)
-	both, err := siphon.Connect(ctx, targetDSN, siphon.WithSkippedSchemaChange(failed.Position), siphon.WithSkippedSchemaChange(unreplayable.Position))
+	both, err := siphon.Connect(ctx, targetDSN, siphon.WithStreamKey(authKey), siphon.WithSkippedSchemaChange(failed.Position), siphon.WithSkippedSchemaChange(unreplayable.Position))
 	require.NoError(t, err)
 	defer both.Close()
 	require.NoError(t, both.ConsumeCanonical(ctx, bytes.NewReader(inc.Bytes())))

@@ -95,7 +95,8 @@ func TestMigrationsAcrossTheChainAndTheReplica(t *testing.T) {
 	execSQL(t, src, realShop...)
 	realShopRound(t, src, 1)
 	systemID := systemIdentifier(t, src)
-	chainConn, chainSlot := backupConn(t, srcDSN)
+	// The chain is taken and restored with a key: its schema changes run.
+	chainConn, chainSlot := backupConn(t, srcDSN, siphon.WithStreamKey(authKey))
 	base := backup(t, chainConn, siphon.BackupOptions{StartChain: true})
 	rep, err := chainConn.Verify(ctx, bytes.NewReader(base))
 	require.NoError(t, err)
@@ -114,7 +115,7 @@ func TestMigrationsAcrossTheChainAndTheReplica(t *testing.T) {
 	waitApplied(t, replicaTarget, systemID, replicaSlot, 1, run)
 
 	restoredDSN, restored := newDatabase(t)
-	restoredTarget, err := siphon.Connect(ctx, restoredDSN)
+	restoredTarget, err := siphon.Connect(ctx, restoredDSN, siphon.WithStreamKey(authKey))
 	require.NoError(t, err)
 	defer restoredTarget.Close()
 	require.NoError(t, restoredTarget.Restore(ctx, siphon.RestoreOptions{}, bytes.NewReader(base)))
@@ -137,7 +138,7 @@ func TestMigrationsAcrossTheChainAndTheReplica(t *testing.T) {
 	assertSameAsSource(t, src, restored, "the base and incrementals, consumed by hand")
 	assertSequencesCaughtUp(t, src, restored, "the base and incrementals, consumed by hand")
 
-	chainDSN, chain, reached := restoreChainInto(t, systemID, chainSlot, base, links)
+	chainDSN, chain, reached := restoreChainInto(t, systemID, chainSlot, base, links, siphon.WithStreamKey(authKey))
 	assert.Equal(t, link.End, reached)
 	assertSameSchema(t, srcDSN, chainDSN, "RestoreChain")
 	assertSameAsSource(t, src, chain, "RestoreChain")

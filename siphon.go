@@ -121,11 +121,15 @@
 // follows the column changes the stream
 // shows where that is exact (a nullable column added without a default, a
 // column dropped) and stops at any other with a
-// [*SchemaIncompatibleError] naming it. A target applies the schema
+// [*SchemaIncompatibleError] naming it. A canonical stream is a file or a
+// message, which whoever can write it may change: [Conn.ConsumeCanonical]
+// and [Conn.RestoreChain] run its schema changes only when it is
+// authenticated with one of the Conn's keys ([WithStreamKey]), unless
+// [WithUnauthenticatedSchemaChanges]; the column types a stream shows are
+// checked by the target before they are used. A target applies the schema
 // changes of the source's superusers and of the roles it is told to trust
-// only, and of files and messages only when they are authenticated with
-// the user's key; SECURITY.md in the repository says whom siphon trusts
-// and what each attack meets. The capture's rows pass through the table
+// only; SECURITY.md in the repository says whom siphon trusts and what
+// each attack meets. The capture's rows pass through the table
 // siphon.schema_changes, which siphon's publications hold: a native
 // subscription (CREATE SUBSCRIPTION) of one of them needs that table on the
 // subscriber too (CREATE SCHEMA siphon; CREATE TABLE siphon.schema_changes

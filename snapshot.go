@@ -210,7 +210,7 @@ func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io
 func (c *Conn) emitSnapshot(ctx context.Context, snap *Snapshot, schema *canonical.Schema, h canonical.Header, w io.Writer) (canonical.Position, error) {
 	pos := snap.Position()
 	h.Kind, h.Start, h.End, h.Created = canonical.KindSnapshot, pos, pos, time.Now().UTC()
-	enc := canonical.NewEncoder(w)
+	enc := c.opts.newEncoder(w)
 	if err := enc.WriteHeader(h); err != nil {
 		return 0, err
 	}

@@ -56,6 +56,15 @@ type Decoder struct {
 	lastCheck int
 	lastSum   uint32
 
+	// Authentication (see auth.go): the keys given, the MAC chain when
+	// the header names one of them, where the current line's MAC starts
+	// (-1: it has none), and the last MAC read and its line.
+	keys        [][]byte
+	mac         *macChain
+	macAt       int
+	lastMAC     [64]byte
+	lastMACLine int
+
 	header     Header
 	haveHeader bool
 	ended      bool
@@ -114,6 +123,10 @@ func (d *Decoder) Header() (Header, error) {
 	if _, err := d.record(line); err != nil {
 		return Header{}, err
 	}
+	if err := d.authenticateHeader(line); err != nil {
+		d.haveHeader = false // d.err holds err
+		return Header{}, err
+	}
 	return d.header, nil
 }
 
@@ -152,6 +165,10 @@ func (d *Decoder) Next() (Record, error) {
 		(rec.Type == RecordEnd || rec.Type == RecordSequence || rec.Type == RecordChange && rec.Change.Op == OpCommit) {
 		err = d.fail(fmt.Errorf("%w: the record carries no checksum, which every commit, sequence and the end record of a checked stream do", ErrChecksum), recordName(rec))
 	}
+	if err == nil && d.header.KeyID != "" && d.macAt < 0 &&
+		(d.summed || rec.Type == RecordChange && rec.Change.Op == OpDDL) {
+		err = d.fail(fmt.Errorf("%w: the record carries no MAC, which every checkpoint and ddl record of an authenticated stream do", ErrAuthentication), recordName(rec))
+	}
 	return rec, err
 }
 
@@ -159,7 +176,7 @@ func (d *Decoder) Next() (Record, error) {
 // running CRC-32C.
 func (d *Decoder) checksum(line []byte) error {
 	covered, sum, ok := splitSum(line)
-	d.summed = false
+	d.summed, d.macAt = false, -1
 	if ok {
 		if d.haveHeader && !d.header.Checked {
 			return d.fail(fmt.Errorf("%w: a checksum in a stream whose header carries none: the header was changed", ErrChecksum), "")
@@ -172,11 +189,28 @@ func (d *Decoder) checksum(line []byte) error {
 			return d.fail(fmt.Errorf("%w: the stream's bytes changed after %s", ErrChecksum, since), "")
 		}
 		d.summed, d.lastCheck, d.lastSum = true, d.lineNo, sum
+		if head, _, ok := splitMAC(covered); ok {
+			if d.haveHeader && d.header.KeyID == "" {
+				return d.fail(fmt.Errorf("%w: a MAC in a stream whose header names no key: the header was changed", ErrAuthentication), "")
+			}
+			d.macAt = len(head)
+		}
 	}
 	d.crc = crc32.Update(d.crc, castagnoli, line)
 	if !d.cut {
 		d.crc = crc32.Update(d.crc, castagnoli, newline)
 	}
+	if !d.haveHeader {
+		return nil // the header names the key: see authenticateHeader
+	}
+	if d.macAt < 0 {
+		d.feedMAC(line)
+		return nil
+	}
+	if err := d.authenticate(line); err != nil {
+		return err
+	}
+	d.feedMAC(line[d.macAt:])
 	return nil
 }
 
@@ -187,8 +221,11 @@ var newline = []byte{'\n'}
 // backup of a chain records it as its [Header].Previous. It is empty
 // before the end record and for a stream without checksums.
 func (d *Decoder) Link() string {
-	if !d.ended || !d.header.Checked {
+	switch {
+	case !d.ended || !d.header.Checked:
 		return ""
+	case d.header.KeyID != "":
+		return authLink(d.header.KeyID, d.lastMAC[:], d.endPos)
 	}
 	return link(d.lastSum, d.endPos)
 }

@@ -58,6 +58,8 @@ const (
 	fSessionRole
 	fSuperuser
 	fInstaller
+	fAuth
+	fKey
 	fUnknown
 )
 
@@ -75,7 +77,8 @@ var fieldNames = [...]string{
 	fRecords: "records", fChecksum: "checksum", fPrevious: "previous",
 	fTag: "tag", fStatement: "statement", fSearchPath: "search_path", fObjects: "objects",
 	fValue: "value", fCalled: "called", fRole: "role", fProblem: "problem",
-	fSessionRole: "session_role", fSuperuser: "superuser", fInstaller: "installer", fUnknown: "?",
+	fSessionRole: "session_role", fSuperuser: "superuser", fInstaller: "installer",
+	fAuth: "auth", fKey: "key", fUnknown: "?",
 }
 
 func (f field) String() string { return fieldNames[f] }
@@ -189,6 +192,10 @@ func lookupField(key []byte) field {
 		return fSuperuser
 	case "installer":
 		return fInstaller
+	case "auth":
+		return fAuth
+	case "key":
+		return fKey
 	}
 	return fUnknown
 }
@@ -199,7 +206,7 @@ type recordFields struct {
 	seen uint64
 
 	typ, format, version, kind, engine, systemID, slot, serverVersion []byte
-	checksum, previous                                                []byte
+	checksum, previous, auth, key                                     []byte
 	schema, name, table, replicaIdentity, prefix, content             []byte
 	tag, statement, searchPath, role, problem                         []byte
 	sessionRole, installer                                            []byte
@@ -304,6 +311,10 @@ func (d *Decoder) parseField(f field) error {
 		r.checksum, err = d.stringField()
 	case fPrevious:
 		r.previous, err = d.stringField()
+	case fAuth:
+		r.auth, err = d.stringField()
+	case fKey:
+		r.key, err = d.stringField()
 	case fSchema:
 		r.schema, err = d.stringField()
 	case fName:

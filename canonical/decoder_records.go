@@ -19,7 +19,7 @@ const (
 // The members each record type reads, and those it requires.
 var (
 	headerFields = fields(fT, fFormat, fVersion, fKind, fEngine, fPosition, fEnd, fSystemID,
-		fTimeline, fSlot, fServerVersion, fCreated, fChecksum, fPrevious)
+		fTimeline, fSlot, fServerVersion, fCreated, fChecksum, fPrevious, fAuth, fKey)
 	headerRequired = fields(fFormat, fVersion, fKind, fPosition)
 	tableFields    = fields(fT, fSchema, fName, fColumns, fPrimaryKey, fIdentityKey,
 		fReplicaIdentity, fPartitioned, fPartitionOf)
@@ -191,6 +191,7 @@ func (d *Decoder) headerRecord() error {
 		Created:       f.created,
 		Previous:      string(f.previous),
 		Checked:       d.summed,
+		KeyID:         string(f.key),
 	}
 	if !h.Kind.valid() {
 		return fmt.Errorf("%w: kind %q is not snapshot, incremental or changes", ErrInvalidRecord, truncateText(f.kind))
@@ -200,6 +201,9 @@ func (d *Decoder) headerRecord() error {
 		return fmt.Errorf("%w: checksum %q, want %q", ErrChecksum, truncateText(f.checksum), checksumName)
 	case named && !d.summed:
 		return fmt.Errorf("%w: the header names %s checksums but carries no sum: it was changed", ErrChecksum, truncateText(f.checksum))
+	}
+	if err := d.checkAuthMembers(); err != nil {
+		return err
 	}
 	d.header = h
 	d.haveHeader = true

@@ -90,9 +90,12 @@
 //
 // # Checksums
 //
-// Every stream an Encoder writes is checked, so that it can be trusted
-// after it was stored, copied or sent, and still be written and read in one
-// pass (through a pipe, a socket). A running CRC-32C (Castagnoli) covers
+// Every stream an Encoder writes is checked, so that an accident after it
+// was stored, copied or sent (a flipped bit, a truncated copy, a disk full)
+// is found, and still be written and read in one pass (through a pipe, a
+// socket). A checksum finds accidents, not tampering: anyone who can write
+// the stream can change it and compute the checksums again (see
+// Authentication). A running CRC-32C (Castagnoli) covers
 // every byte from the first of the header on, and checkpoint records end
 // with a member "sum": the running CRC-32C of the stream up to and
 // including `"sum":"` of that line, as eight lowercase hex digits. The
@@ -108,6 +111,45 @@
 // carries no sum (written by hand) is read as unchecked: [Header].Checked
 // is false. [Decoder.Link] and [Encoder.Link] identify a checked stream by
 // its end and last sum, for chains of backups.
+//
+// # Authentication
+//
+// A stream written with a key ([Encoder.SetKey]) is also authenticated, so
+// that it can be trusted after it was stored where others can write
+// (backup storage, a shared directory, a message subject): only the
+// holder of the key could have written it. The header names the key by
+// its [KeyID] ("auth":"hmac-sha256","key":"<16 hex digits>", see
+// [Header].KeyID), and every checkpoint, and every ddl record, carries a
+// member "mac" just before its "sum": HMAC-SHA-256, as 64 lowercase hex
+// digits, chained from checkpoint to checkpoint so that each covers every
+// byte of the stream from the first of the header up to and including
+// `"mac":"` of its own line (mac(1) = HMAC(key, 32 zero bytes ‖ the
+// bytes through the header's `"mac":"`); mac(i) = HMAC(key, mac(i-1) ‖ the
+// bytes after checkpoint i-1's `"mac":"` through checkpoint i's)). The sum
+// covers the MAC. A [Decoder] given the key ([Decoder.SetKeys], which
+// takes several, for rotation) verifies every MAC as it reads, so that a
+// changed, added, removed, reordered or swapped byte or record, a stream
+// cut short and extended, or one written with another key under this key's
+// id, is an error wrapping [ErrAuthentication] at the next checkpoint at
+// the latest, and a ddl record is verified before it is returned;
+// [Decoder.Authenticated] reports that it holds the key. A stream stripped
+// of its authentication reads as one that is not authenticated: whether
+// to act on such a stream is the reader's decision (siphon's
+// ConsumeCanonical and RestoreChain refuse their schema changes). The Link
+// of an authenticated stream is its key id and last MAC, so a chain whose
+// links are authenticated cannot have one swapped. A reader without the
+// key still checks the stream's checksums; the unkeyed format is read as
+// before, and readers that do not know "mac" ignore it.
+//
+// # What applying a stream runs
+//
+// Row changes are data: an apply binds their values as parameters. A ddl
+// record is code: applying it (siphon's ConsumeCanonical, RestoreChain)
+// runs its statement on the target, as the applying role, which may do
+// anything that role may, "COPY ... TO PROGRAM" included for a superuser,
+// as restoring a pg_dump archive runs the SQL it holds. Apply a stream's
+// schema changes only when its authentication says who wrote it, or when
+// every byte of it comes from someone trusted.
 //
 // # Guarantees
 //

@@ -2,6 +2,7 @@ package canonical
 
 import (
 	"bufio"
+	"encoding/hex"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -23,7 +24,9 @@ import (
 // transaction, every sequence, the end record and, in snapshots, a row
 // every 256 KiB
 // carry a running CRC-32C of the stream (see [Header].Checked), which the
-// Decoder verifies as it reads.
+// Decoder verifies as it reads. With a key ([Encoder.SetKey]) the stream
+// is also authenticated: those checkpoints and every ddl record carry an
+// HMAC-SHA-256 of the stream so far (see [Header].KeyID).
 //
 // Rows and changes are written without reflection or per-value allocation.
 // An Encoder is not safe for concurrent use.
@@ -37,6 +40,12 @@ type Encoder struct {
 	sinceCheck int    // bytes written since the last checkpoint
 	lastSum    uint32 // the last checkpoint's sum
 	end        Position
+
+	// Authentication (see auth.go): the chain of MACs when a key is set,
+	// its key id, and the last checkpoint's MAC in hex.
+	mac     *macChain
+	keyID   string
+	lastMAC [64]byte
 
 	kind    Kind
 	started bool // header written
@@ -64,6 +73,23 @@ func NewEncoder(w io.Writer) *Encoder {
 	}
 }
 
+// SetKey makes the stream authenticated with key (see [Header].KeyID):
+// the header names the key by its [KeyID], and every checkpoint, and every
+// ddl record, carries an HMAC-SHA-256 of the stream so far, which a
+// [Decoder] holding the key verifies. It must be called before the header
+// is written; key must be at least [MinKeyBytes] long (an error wrapping
+// [ErrAuthentication] otherwise). The Encoder keeps no reference to key.
+func (e *Encoder) SetKey(key []byte) error {
+	if e.started {
+		return &EncodeError{Record: "header", Err: fmt.Errorf("%w: set the key before the header is written", ErrOrder)}
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	e.mac, e.keyID = newMACChain(key), KeyID(key)
+	return nil
+}
+
 // Count returns the number of records written after the header (the count
 // the end record carries).
 func (e *Encoder) Count() uint64 { return e.count }
@@ -88,8 +114,27 @@ func (e *Encoder) emit() error {
 // emitChecked writes the record in e.buf as a checkpoint: with the sum of
 // the stream up to it.
 func (e *Encoder) emitChecked() error {
+	if e.mac != nil {
+		return e.emitAuthenticated()
+	}
 	e.buf, e.lastSum = checked(e.buf, e.crc)
 	if err := e.emit(); err != nil {
+		return err
+	}
+	e.sinceCheck = 0
+	return nil
+}
+
+// emitAuthenticated writes the record in e.buf as a checkpoint of an
+// authenticated stream: with its MAC, then its sum.
+func (e *Encoder) emitAuthenticated() error {
+	b := append(e.buf[:len(e.buf)-1], macKey...)
+	head := len(b)
+	hex.Encode(e.lastMAC[:], e.mac.checkpoint(b))
+	b = append(append(b, e.lastMAC[:]...), '"', '}')
+	b, e.lastSum = checked(b, e.crc)
+	e.buf = append(b, '\n')
+	if err := e.writeFrom(e.buf, head); err != nil {
 		return err
 	}
 	e.sinceCheck = 0
@@ -100,18 +145,28 @@ func (e *Encoder) emitChecked() error {
 // record, as [Decoder.Link] does when it reads it back: the next backup of
 // a chain records it as its [Header].Previous. It is empty before that.
 func (e *Encoder) Link() string {
-	if !e.ended {
+	switch {
+	case !e.ended:
 		return ""
+	case e.mac != nil:
+		return authLink(e.keyID, e.lastMAC[:], e.end)
 	}
 	return link(e.lastSum, e.end)
 }
 
-func (e *Encoder) write(b []byte) error {
+func (e *Encoder) write(b []byte) error { return e.writeFrom(b, 0) }
+
+// writeFrom writes b, whose bytes before macFrom the MAC chain has taken
+// already.
+func (e *Encoder) writeFrom(b []byte, macFrom int) error {
 	if _, err := e.w.Write(b); err != nil {
 		e.err = fmt.Errorf("canonical: write: %w", err)
 		return e.err
 	}
 	e.crc = crc32.Update(e.crc, castagnoli, b)
+	if e.mac != nil {
+		e.mac.h.Write(b[macFrom:])
+	}
 	e.sinceCheck += len(b)
 	return nil
 }
@@ -155,6 +210,10 @@ func (e *Encoder) WriteHeader(h Header) error {
 	b = appendUint(b, FormatVersion)
 	b = appendKey(b, "checksum")
 	b = append(b, `"`+checksumName+`"`...)
+	if e.mac != nil {
+		b = append(appendKey(b, "auth"), `"`+authName+`"`...)
+		b, _ = appendString(appendKey(b, "key"), e.keyID)
+	}
 	b = appendKey(b, "kind")
 	b, _ = appendString(b, string(h.Kind))
 	var err error

@@ -62,7 +62,9 @@ func (e *Encoder) WriteChange(ch *Change) error {
 		e.register(pending)
 	}
 	emit := e.emit
-	if ch.Op == OpCommit || ch.Op == OpMessage && !e.inTx {
+	// In an authenticated stream a schema change is a checkpoint, so that
+	// a reader verifies it before running it.
+	if ch.Op == OpCommit || ch.Op == OpMessage && !e.inTx || ch.Op == OpDDL && e.mac != nil {
 		emit = e.emitChecked
 	}
 	if err := emit(); err != nil {

@@ -61,6 +61,16 @@ var (
 	// own checksum members were changed. Nothing after the last checkpoint
 	// that verified can be trusted.
 	ErrChecksum = errors.New("checksum mismatch")
+
+	// ErrAuthentication means an authenticated stream (see [Header].KeyID)
+	// fails its authentication: a checkpoint's MAC does not match the
+	// bytes before it under the key the header names (the stream was
+	// changed by someone without the key, or written with another key
+	// under this key's id), a checkpoint or a ddl record lacks its MAC, or
+	// the header's authentication members were changed. Nothing after the
+	// last checkpoint that verified can be trusted. It is also the error
+	// for a key too short to use.
+	ErrAuthentication = errors.New("authentication failed")
 )
 
 // DecodeError is the error [Decoder.Header] and [Decoder.Next] return for

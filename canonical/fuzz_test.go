@@ -32,8 +32,16 @@ func FuzzDecoder(f *testing.F) {
 	f.Add(lines(snapshotHeaderLine, tableLine, `{"t":"row","schema":"public","table":"t","values":["1",null]}`,
 		`{"t":"end","position":"0/1","records":2}`))
 	f.Add(lines(snapshotHeaderLine, tableLine, `{"t":"row","schema":"public","table":"t","values":["\ud83d\ude00","\u0000"]}`))
+	f.Add(keyedChanges(f, testKey, 1))
 
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// With the key, the MACs are verified too: any error is a
+		// *DecodeError all the same.
+		if _, _, err := decodeKeyed(data, testKey); err != nil {
+			if _, ok := err.(*DecodeError); !ok {
+				t.Fatalf("error %T is not a *DecodeError: %v", err, err)
+			}
+		}
 		h, recs, err := decodeAll(data)
 		if err != nil {
 			de, ok := err.(*DecodeError)
@@ -56,6 +64,7 @@ func FuzzDecoder(f *testing.F) {
 		h2, recs2, err := decodeAll(buf.Bytes())
 		require.NoError(t, err, "re-encoded stream:\n%s", buf.Bytes())
 		h.Checked = true // an Encoder writes checksums, whatever the stream had
+		h.KeyID = ""     // and authenticates only with a key
 		require.Equal(t, h, h2)
 		require.Equal(t, recs, recs2)
 	})
@@ -163,7 +172,7 @@ func rowValid(rows ...Row) bool {
 // intact (but for the last newline, which no record needs: a stream may
 // end without it). Seeds: testdata/fuzz/FuzzChecksum and the one below.
 func FuzzChecksum(f *testing.F) {
-	streams := [][]byte{checkedChanges(f, 2), checkedSnapshot(f, 8)}
+	streams := [][]byte{checkedChanges(f, 2), checkedSnapshot(f, 8), keyedChanges(f, testKey, 2)}
 	f.Add(uint8(0), uint8(0), uint16(40), byte('x'))
 	f.Fuzz(func(t *testing.T, which, edit uint8, at uint16, v byte) {
 		orig := streams[int(which)%len(streams)]
@@ -183,6 +192,47 @@ func FuzzChecksum(f *testing.F) {
 		}
 		if _, _, err := decodeAll(data); err == nil {
 			t.Fatalf("a stream changed at byte %d (edit %d, %q) decodes:\n%s", i, edit%3, v, data)
+		}
+	})
+}
+
+// FuzzAuthentication replaces, deletes or inserts one byte of an
+// authenticated stream and recomputes every checksum, as someone without
+// the key can: the Decoder that holds the key never reads the changed
+// stream to its end as authenticated, and never returns a ddl record that
+// is not one the key holder wrote. (Removing the authentication outright
+// takes more than one byte; TestTamperedStreamsAreRefused covers it.)
+func FuzzAuthentication(f *testing.F) {
+	orig := keyedChanges(f, testKey, 2)
+	f.Add(uint8(0), uint16(40), byte('x'))
+	f.Add(uint8(1), uint16(300), byte('x'))
+	f.Fuzz(func(t *testing.T, edit uint8, at uint16, v byte) {
+		i := int(at) % len(orig)
+		var data []byte
+		switch edit % 3 {
+		case 0:
+			data = bytes.Clone(orig)
+			data[i] = v
+		case 1:
+			data = append(bytes.Clone(orig[:i]), orig[i+1:]...)
+		default:
+			data = append(append(bytes.Clone(orig[:i]), v), orig[i:]...)
+		}
+		data = resum(data)
+		if bytes.Equal(data, orig) || bytes.Equal(data, orig[:len(orig)-1]) {
+			return
+		}
+		d, recs, err := decodeKeyed(data, testKey)
+		if err == nil && d.Authenticated() {
+			t.Fatalf("a stream changed at byte %d (edit %d, %q) authenticates:\n%s", i, edit%3, v, data)
+		}
+		if !d.Authenticated() {
+			return
+		}
+		for _, r := range recs {
+			if r.Type == RecordChange && r.Change.Op == OpDDL && !bytes.Contains(orig, []byte(`"statement":"`+r.Change.DDL.Statement+`"`)) {
+				t.Fatalf("a changed ddl record was returned as authenticated: %q", r.Change.DDL.Statement)
+			}
 		}
 	})
 }

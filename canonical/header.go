@@ -75,4 +75,11 @@ type Header struct {
 	// siphon before checksums), whose bytes nothing vouches for. JSON field
 	// "checksum" ("crc32c") with the header's "sum".
 	Checked bool
+	// KeyID, for an authenticated stream, names the key it was
+	// authenticated with (see [KeyID] and [Encoder.SetKey]); empty for a
+	// stream that is not. It says what the writer claims:
+	// [Decoder.Authenticated] says whether the Decoder holds that key and so
+	// verifies the claim. The Encoder ignores this field (it writes the id
+	// of its key). JSON fields "auth" ("hmac-sha256") and "key".
+	KeyID string
 }

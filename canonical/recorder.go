@@ -55,6 +55,10 @@ func NewRecorder(w io.Writer, from Position) *Recorder {
 	return &Recorder{enc: NewEncoder(w), from: from, end: from}
 }
 
+// SetKey makes the recording authenticated with key, as
+// [Encoder.SetKey] does; it must be called before the first Emit.
+func (r *Recorder) SetKey(key []byte) error { return r.enc.SetKey(key) }
+
 // errRecorderClosed is returned by Emit after Close.
 var errRecorderClosed = errors.New("canonical: record: the Recorder is closed")
 

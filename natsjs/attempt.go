@@ -149,6 +149,9 @@ func (a *attempt) publish(subject string, ch *canonical.Change, marker bool) err
 		return fmt.Errorf("natsjs: the message for %s: %w", subject, err)
 	}
 	hdr := a.txh.header(&h, marker, a.seq)
+	if ch.Op == canonical.OpDDL && a.p.cfg.Key != nil {
+		sign(hdr, a.p.cfg.Key, subject, &h, data)
+	}
 	size := len(data) + headerSize(hdr)
 	if int64(size) > a.maxSize {
 		return &MessageTooLargeError{Subject: subject, Commit: h.commit, Size: size, Max: a.maxSize}

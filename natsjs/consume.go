@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/siphondb/siphon/canonical"
@@ -27,6 +28,17 @@ type ConsumeConfig struct {
 	// exactly after it. Defaults to zero: every transaction the stream
 	// holds.
 	After canonical.Position
+	// Keys are the keys whose signatures (see [HeaderMAC]) make a schema
+	// change message one to deliver: the Publisher's [Config].Key, and
+	// previous keys while keys are rotated. Defaults to none.
+	Keys [][]byte
+	// UnauthenticatedSchemaChanges makes Consume deliver schema changes
+	// that are not signed with one of Keys. A schema change is a
+	// statement a consumer runs: whoever may publish on the stream's
+	// subjects chooses it. Defaults to false: such a message stops
+	// Consume with a [*MessageError] wrapping
+	// siphon.ErrUnauthenticatedSchemaChange, before it is delivered.
+	UnauthenticatedSchemaChanges bool
 }
 
 // Consume delivers the transactions a stream written by a [Publisher]
@@ -87,7 +99,8 @@ func Consume(ctx context.Context, s jetstream.Stream, cfg ConsumeConfig, emit fu
 		return cfg.After, stopped(ctx, fmt.Errorf("natsjs: consume: %w", err))
 	}
 	defer it.Stop()
-	tx := txReader{prefix: prefix, whole: cfg.Tables == nil, after: cfg.After, emit: emit}
+	tx := txReader{prefix: prefix, whole: cfg.Tables == nil, after: cfg.After, emit: emit,
+		keys: cfg.Keys, unauthenticatedDDL: cfg.UnauthenticatedSchemaChanges}
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -201,6 +214,9 @@ type txReader struct {
 	emit  func(canonical.Change) error
 	// after is the end of the last transaction delivered.
 	after canonical.Position
+	// keys verify schema change messages, unless unauthenticatedDDL.
+	keys               [][]byte
+	unauthenticatedDDL bool
 
 	open bool      // a transaction's begin was delivered
 	tx   msgHeader // its headers (index: the next index expected)
@@ -257,6 +273,12 @@ func (r *txReader) read(msg jetstream.Msg) error {
 		}
 		r.open, r.after = false, ch.Position
 		return nil
+	}
+	if ch.Op == canonical.OpDDL {
+		raw := &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}
+		if err := checkSignature(raw, &h, r.keys, r.unauthenticatedDDL); err != nil {
+			return fail(err)
+		}
 	}
 	ch.CommitTime = h.commitTime
 	r.delivered++

@@ -1,6 +1,7 @@
 package natsjs_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
@@ -67,8 +68,12 @@ func throughStream(changes []canonical.Change, keep func(canonical.TableName) bo
 	return out
 }
 
-// publishWork publishes workTransactions into a stream with prefix "c"
-// and returns it, with the slot's changes read directly.
+// workKey signs the schema changes publishWork publishes.
+var workKey = bytes.Repeat([]byte{0x5a}, 32)
+
+// publishWork publishes workTransactions into a stream with prefix "c",
+// its schema changes signed with workKey, and returns it, with the slot's
+// changes read directly.
 func publishWork(t *testing.T) (jetstream.Stream, []canonical.Change) {
 	t.Helper()
 	slot, direct := testSlot(t), testSlot(t)
@@ -78,7 +83,7 @@ func publishWork(t *testing.T) (jetstream.Stream, []canonical.Change) {
 	srv := startNATS(t)
 	nc, js := connectNATS(t, srv.ClientURL())
 	s := createStream(t, js, "CONSUME", "c", 1)
-	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: "CONSUME", Prefix: "c", Slot: slot})
+	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: "CONSUME", Prefix: "c", Slot: slot, Key: workKey})
 	require.NoError(t, err)
 	run := runPublisher(t, pub, dsn)
 	awaitHeld(t, s, "c", changes[len(changes)-1].Position)
@@ -94,7 +99,7 @@ func TestConsumeDeliversTheSlotsStream(t *testing.T) {
 	t.Parallel()
 	s, changes := publishWork(t)
 	end := changes[len(changes)-1].Position
-	got, last := consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: "c"}, end)
+	got, last := consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: "c", Keys: [][]byte{workKey}}, end)
 	assert.Equal(t, throughStream(changes, nil), got)
 	assert.Equal(t, end, last, "Consume returns the end of the last transaction delivered")
 }
@@ -106,7 +111,7 @@ func TestConsumeTables(t *testing.T) {
 	t.Parallel()
 	s, changes := publishWork(t)
 	items := canonical.TableName{Schema: "public", Name: "items"}
-	cfg := natsjs.ConsumeConfig{Prefix: "c", Tables: []canonical.TableName{items}}
+	cfg := natsjs.ConsumeConfig{Prefix: "c", Keys: [][]byte{workKey}, Tables: []canonical.TableName{items}}
 	got, _ := consumeUntil(t, s, cfg, changes[len(changes)-1].Position)
 	assert.Equal(t, throughStream(changes, func(n canonical.TableName) bool { return n == items }), got)
 	commits, other := 0, 0
@@ -136,11 +141,11 @@ func TestConsumeAfter(t *testing.T) {
 		}
 	}
 	for _, i := range ends[:len(ends)-1] {
-		got, _ := consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: "c", After: all[i].Position}, end)
+		got, _ := consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: "c", Keys: [][]byte{workKey}, After: all[i].Position}, end)
 		assert.Equal(t, all[i+1:], got, "after %v", all[i].Position)
 		// A Position inside the next transaction (a snapshot's, say)
 		// delivers the same: that transaction ends after it.
-		got, _ = consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: "c", After: all[i].Position + 1}, end)
+		got, _ = consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: "c", Keys: [][]byte{workKey}, After: all[i].Position + 1}, end)
 		assert.Equal(t, all[i+1:], got, "after %v", all[i].Position+1)
 	}
 }
@@ -165,7 +170,7 @@ func TestConsumeStopsAtAForeignMessage(t *testing.T) {
 
 	ps, _ := publishWork(t)
 	stop := errors.New("handler failed")
-	_, err = natsjs.Consume(ctx, ps, natsjs.ConsumeConfig{Prefix: "c"}, func(canonical.Change) error { return stop })
+	_, err = natsjs.Consume(ctx, ps, natsjs.ConsumeConfig{Prefix: "c", Keys: [][]byte{workKey}}, func(canonical.Change) error { return stop })
 	assert.ErrorIs(t, err, stop)
 }
 

@@ -81,6 +81,24 @@
 // siphon.Conn.StreamChanges does; reading every subject it also checks
 // that each transaction is whole.
 //
+// # Schema changes are signed
+//
+// A schema change is code: a consumer that applies it runs its statement,
+// and anyone who may publish on the stream's subjects could publish one on
+// <prefix>.ddl (or any subject). So a Publisher given a key ([Config].Key,
+// 32 random bytes or more) signs every schema change message: [HeaderKeyID]
+// names the key ([canonical.KeyID]) and [HeaderMAC] holds an HMAC-SHA-256
+// over its subject, its place (system identifier, slot, commit Position,
+// index) and transaction, and its body. [Consume] delivers a schema change
+// only when it is signed with one of [ConsumeConfig].Keys (the
+// Publisher's key, and previous ones while keys rotate); any other stops
+// it with a [*MessageError] wrapping siphon.ErrUnauthenticatedSchemaChange,
+// before the schema change or its transaction's commit is delivered,
+// unless [ConsumeConfig].UnauthenticatedSchemaChanges says every publisher
+// on the stream is trusted. Row changes are not signed: they are data, and
+// an apply binds them as parameters; restrict who may publish on the
+// stream's subjects with NATS permissions.
+//
 // # Exactly once
 //
 // The slot is acknowledged to a transaction's end only once JetStream has

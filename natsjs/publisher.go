@@ -51,6 +51,13 @@ type Config struct {
 	// line per change. Defaults to a logger that passes warnings and
 	// errors to [slog.Default] and drops the rest.
 	Logger *slog.Logger
+	// Key signs each schema change message (see [HeaderMAC]), so that
+	// consumers holding it ([ConsumeConfig].Keys) run only the schema
+	// changes this Publisher published. At least 32 random bytes, kept
+	// from those who may publish on the stream's subjects. Defaults to
+	// none: schema change messages are unsigned, and [Consume] refuses
+	// them unless [ConsumeConfig].UnauthenticatedSchemaChanges.
+	Key []byte
 }
 
 // The defaults of Config.
@@ -110,6 +117,9 @@ func (c *Config) validate() error {
 	}
 	if err := checkPrefix(c.Prefix); err != nil {
 		return fail("Config.Prefix: %w", err)
+	}
+	if c.Key != nil && len(c.Key) < canonical.MinKeyBytes {
+		return fail("Config.Key has %d bytes: use at least %d random bytes", len(c.Key), canonical.MinKeyBytes)
 	}
 	if c.MaxPending == 0 {
 		c.MaxPending = defaultMaxPending
