@@ -100,6 +100,14 @@ func (tt *trustTarget) consumeTx(t *testing.T, c *siphon.Conn, start canonical.P
 	return end, consume(t, c, s.done())
 }
 
+// connect opens a target Conn that applies the schema changes of the
+// streams these tests write by hand as if they were authenticated (they
+// are the key holder's): what is checked here is whom the target trusts.
+func (tt *trustTarget) connect(t *testing.T, opts ...siphon.Option) *siphon.Conn {
+	t.Helper()
+	return connect(t, tt.dsn, append([]siphon.Option{siphon.WithUnauthenticatedSchemaChanges()}, opts...)...)
+}
+
 // untrusted asserts err is an *UntrustedSchemaChangeError naming role and
 // fix, and returns it.
 func untrusted(t *testing.T, err error, role, fix string) *siphon.UntrustedSchemaChangeError {
@@ -143,7 +151,7 @@ func TestUntrustedSchemaChangesHaveNoEffect(t *testing.T) {
 	t.Parallel()
 	tt := newTrustTarget(t)
 	m := tt.mallory
-	c := connect(t, tt.dsn)
+	c := tt.connect(t)
 	tables := userTables(t, tt.admin)
 	// A first transaction is applied; the one after it, in the same
 	// stream, is refused whole: its row too.
@@ -190,7 +198,7 @@ func TestTrustedSchemaChangeRunsAsItsRole(t *testing.T) {
 	t.Parallel()
 	tt := newTrustTarget(t)
 	m := tt.mallory
-	c := connect(t, tt.dsn, siphon.WithTrustedSchemaRoles(m))
+	c := tt.connect(t, siphon.WithTrustedSchemaRoles(m))
 	after := ins(tt.accounts.TableName(), tv("20"), tv("after"))
 	end, err := tt.consumeTx(t, c, 0x1000, 10,
 		ddlBy(m, "CREATE FUNCTION", "CREATE FUNCTION mal.g() RETURNS text LANGUAGE sql SECURITY DEFINER AS $$SELECT current_user::text$$"),
@@ -247,7 +255,7 @@ func TestRoleDependentSchemaChanges(t *testing.T) {
 	superuser := ddlBy(tt.superuser, "REVOKE", "REVOKE ALL ON public.accounts FROM PUBLIC")
 	superuser.DDL.Superuser = true
 
-	refusing := connect(t, tt.dsn, siphon.WithTrustedSchemaRoles(m, a))
+	refusing := tt.connect(t, siphon.WithTrustedSchemaRoles(m, a))
 	for _, ch := range append(changes[:1:1], superuser) {
 		_, err := tt.consumeTx(t, refusing, 0x1000, 10, ch)
 		ute := untrusted(t, err, ch.DDL.SessionRole, "WithRoleDependentSchemaChanges()")
@@ -255,7 +263,7 @@ func TestRoleDependentSchemaChanges(t *testing.T) {
 	}
 	assert.False(t, tt.has(t, tt.bob, "public.ledger", "SELECT"))
 
-	c := connect(t, tt.dsn, siphon.WithTrustedSchemaRoles(m, a), siphon.WithRoleDependentSchemaChanges())
+	c := tt.connect(t, siphon.WithTrustedSchemaRoles(m, a), siphon.WithRoleDependentSchemaChanges())
 	_, err := tt.consumeTx(t, c, 0x1000, 10, changes...)
 	require.NoError(t, err)
 	assert.True(t, tt.has(t, tt.bob, "public.ledger", "SELECT"), "alice's GRANT applied")
@@ -277,7 +285,7 @@ func TestRoleDependentSchemaChanges(t *testing.T) {
 func TestSchemaChangeTrustDefaults(t *testing.T) {
 	t.Parallel()
 	tt := newTrustTarget(t)
-	c := connect(t, tt.dsn)
+	c := tt.connect(t)
 	super := ddlBy("somebody_else", "CREATE TABLE", "CREATE TABLE public.by_superuser (id int)")
 	super.DDL.Superuser = true
 	installer := ddlBy(tt.mallory, "CREATE TABLE", "CREATE TABLE mal.by_installer (id int)")
@@ -296,7 +304,7 @@ func TestSchemaChangeTrustDefaults(t *testing.T) {
 	assert.Contains(t, ute.Reason, "does not say which role")
 	assert.False(t, tt.exists(t, "public.by_nobody"))
 
-	skipping := connect(t, tt.dsn, siphon.WithSkippedSchemaChange(next-0x38))
+	skipping := tt.connect(t, siphon.WithSkippedSchemaChange(next-0x38))
 	got, err := tt.consumeTx(t, skipping, end, 11, anonymous)
 	require.NoError(t, err)
 	assert.Equal(t, next, got)
@@ -317,11 +325,11 @@ func TestApplyChangeSchemaTrust(t *testing.T) {
 	g := ddlBy(m, "CREATE FUNCTION", "CREATE FUNCTION mal.g() RETURNS text LANGUAGE sql SECURITY DEFINER AS $$SELECT current_user::text$$")
 	g.Position = 0x2000
 
-	err := connect(t, tt.dsn).ApplyChange(ctx, g)
+	err := tt.connect(t).ApplyChange(ctx, g)
 	untrusted(t, err, m, fmt.Sprintf("WithTrustedSchemaRoles(%q)", m))
 	assert.Zero(t, count(t, tt.admin, "SELECT count(*) FROM pg_proc WHERE proname = 'g'"))
 
-	c := connect(t, tt.dsn, siphon.WithTrustedSchemaRoles(m))
+	c := tt.connect(t, siphon.WithTrustedSchemaRoles(m))
 	require.NoError(t, c.ApplyChange(ctx, g))
 	assert.Equal(t, m, tt.procOwner(t, "mal.g()"))
 	row := ins(tt.accounts.TableName(), tv("40"), tv("after"))
@@ -341,7 +349,7 @@ func TestSchemaChangeRoleMissingOnTarget(t *testing.T) {
 	var logged bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ghost := "ghost_of_" + tt.mallory
-	c := connect(t, tt.dsn, siphon.WithTrustedSchemaRoles(ghost), siphon.WithLogger(logger))
+	c := tt.connect(t, siphon.WithTrustedSchemaRoles(ghost), siphon.WithLogger(logger))
 	_, err := tt.consumeTx(t, c, 0x1000, 10,
 		ddlBy(ghost, "CREATE TABLE", "CREATE TABLE public.g1 (id int)"),
 		ddlBy(ghost, "CREATE TABLE", "CREATE TABLE public.g2 (id int)"))

@@ -9,48 +9,24 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
 
 // Type names from a stream reach SQL only after two checks: isTypeName,
-// on the text alone, and the target's own parser (targetTypeName).
+// with PostgreSQL's own grammar on the text alone, and the target's own
+// catalog (targetTypeName).
 
 // maxTypeName bounds a type name's length: format_type never prints one
 // near it.
 const maxTypeName = 1024
 
-// isTypeName reports whether s may be a type name as format_type prints
-// it, conservatively: identifiers (quoted or not), dots, spaces, digits,
-// commas, parentheses and brackets, balanced; no semicolon, quote, dollar,
-// backslash, comment start or control character anywhere, quoted
-// identifiers included. It does not tell that s names a type: the target
+// isTypeName reports whether s is exactly a type name as format_type
+// prints it (sqltext.IsTypeName: it parses as the type of a cast of NULL
+// and as nothing else). It does not tell that s names a type: the target
 // does (targetTypeName).
 func isTypeName(s string) bool {
-	if s == "" || len(s) > maxTypeName || strings.TrimSpace(s) != s ||
-		strings.ContainsAny(s, ";'$\\") || strings.Contains(s, "--") || strings.Contains(s, "/*") {
-		return false
-	}
-	quoted := false
-	depth := 0
-	for _, r := range s {
-		switch {
-		case r < ' ' || r == 0x7f:
-			return false
-		case r == '"':
-			quoted = !quoted // "" inside quotes toggles twice
-		case quoted:
-		case r == '(' || r == '[':
-			depth++
-		case r == ')' || r == ']':
-			if depth--; depth < 0 {
-				return false
-			}
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == ' ', r == '.', r == ',':
-		default:
-			return false
-		}
-	}
-	return !quoted && depth == 0
+	return s != "" && len(s) <= maxTypeName && strings.TrimSpace(s) == s && sqltext.IsTypeName(s)
 }
 
 // targetTypeName asks the target whether typ, which isTypeName accepted,

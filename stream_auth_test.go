@@ -64,7 +64,8 @@ func withDDL(statement string) func([]canonical.Record) []canonical.Record {
 		for i, r := range recs {
 			if r.Type == canonical.RecordChange && r.Change.Op == canonical.OpBegin {
 				ddl := canonical.Record{Type: canonical.RecordChange, Change: &canonical.Change{Op: canonical.OpDDL, XID: r.Change.XID,
-					Position: r.Change.Position, DDL: &canonical.DDL{Tag: strings.ToUpper(strings.Fields(statement)[0]), Statement: statement, SearchPath: "public"}}}
+					Position: r.Change.Position, DDL: &canonical.DDL{Tag: strings.ToUpper(strings.Fields(statement)[0]), Statement: statement, SearchPath: "public",
+						Role: "postgres", SessionRole: "postgres", Superuser: true}}}
 				return append(recs[:i+1], append([]canonical.Record{ddl}, recs[i+1:]...)...)
 			}
 		}
@@ -273,7 +274,8 @@ func changeStream(t *testing.T, key []byte, statement string) []byte {
 		require.NoError(t, enc.WriteChange(&canonical.Change{Op: canonical.OpBegin, XID: xid, Position: pos + 0x20, CommitTime: now}))
 		if i == 1 && statement != "" {
 			require.NoError(t, enc.WriteChange(&canonical.Change{Op: canonical.OpDDL, XID: xid, Position: pos + 0x40,
-				DDL: &canonical.DDL{Tag: strings.ToUpper(strings.Fields(statement)[0]), Statement: statement, SearchPath: "public"}}))
+				DDL: &canonical.DDL{Tag: strings.ToUpper(strings.Fields(statement)[0]), Statement: statement, SearchPath: "public",
+					Role: "postgres", SessionRole: "postgres", Superuser: true}}))
 		}
 		require.NoError(t, enc.WriteChange(&canonical.Change{Op: canonical.OpInsert, XID: xid, Position: pos, Schema: "public", Table: "tbl",
 			Columns: tbl.Columns, New: canonical.Row{canonical.Text(id), canonical.Text("v")}}))
