@@ -70,6 +70,9 @@ func TestWithoutConcurrently(t *testing.T) {
 	assert.Equal(t, "drop index if exists i", WithoutConcurrently("drop index concurrently if exists i", "DROP INDEX"))
 	assert.Equal(t, "ALTER TABLE p DETACH PARTITION p1 ", WithoutConcurrently("ALTER TABLE p DETACH PARTITION p1 CONCURRENTLY", "ALTER TABLE"))
 	assert.Equal(t, `CREATE INDEX "concurrently" ON t (c)`, WithoutConcurrently(`CREATE INDEX "concurrently" ON t (c)`, "CREATE INDEX"), "a quoted name stays")
+	assert.Equal(t, "CREATE INDEX i ON t (concurrently(c))", WithoutConcurrently("CREATE INDEX i ON t (concurrently(c))", "CREATE INDEX"), "a function named concurrently stays")
+	assert.Equal(t, "REINDEX TABLE /* c */ t", WithoutConcurrently("REINDEX TABLE /* c */ CONCURRENTLY t", "REINDEX"))
+	assert.Equal(t, "CREATE INDEX -- x\n i ON t (c)", WithoutConcurrently("CREATE INDEX -- x\n CONCURRENTLY i ON t (c)", "CREATE INDEX"))
 	assert.Equal(t, "REFRESH MATERIALIZED VIEW CONCURRENTLY v", WithoutConcurrently("REFRESH MATERIALIZED VIEW CONCURRENTLY v", "REFRESH MATERIALIZED VIEW"), "it runs in a transaction")
 }
 
