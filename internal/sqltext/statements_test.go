@@ -81,7 +81,8 @@ func TestStatementsNonStandardStrings(t *testing.T) {
 func TestStatementsSyntaxError(t *testing.T) {
 	t.Parallel()
 	for _, q := range []string{
-		"SELECT 1; CREATE TABLE t (a int) WITH SYNTAX OF A LATER RELEASE",
+		"SELECT 1; ALTER TABLE t ADD c int GENERATED ALWAYS AS (a * 2) VIRTUAL", // PostgreSQL 18
+		"CREATE TABLE t (a int) WITH SYNTAX OF NO RELEASE",
 		"SELECT 'unterminated",
 		"not sql at all",
 		"BEGIN ATOMIC SELECT 1 AS end; SELECT mal.f(); END",
@@ -253,4 +254,18 @@ func FuzzStatements(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkStatements: a parse of a three-statement migration, once the
+// parser is compiled.
+func BenchmarkStatements(b *testing.B) {
+	const q = "CREATE TABLE a (id int PRIMARY KEY, b text); ALTER TABLE a ADD c int; CREATE INDEX ON a (c)"
+	if _, err := Statements(q, true); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := Statements(q, true); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
