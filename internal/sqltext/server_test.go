@@ -73,4 +73,16 @@ func TestStatementsAgainstServer(t *testing.T) {
 			}
 		}
 	}
+
+	// With standard_conforming_strings off, what Statements accepts the
+	// server splits the same way.
+	exec("SET standard_conforming_strings = off")
+	for _, query := range []string{"SELECT 'a''b'; SELECT 2", `SELECT E'\'', $$\$$; SELECT 'x' /* \ */`, "SELECT 'a'\n'b'; SELECT N'c'"} {
+		stmts, err := sqltext.Statements(query, false)
+		require.NoError(t, err, query)
+		assert.Equal(t, len(stmts), exec(query), query)
+	}
+	_, err = sqltext.Statements(`SELECT '\'; SELECT 1; --'`, false)
+	assert.ErrorIs(t, err, sqltext.ErrNonStandardStrings)
+	assert.Equal(t, 1, exec(`SELECT '\'; SELECT 1; --'`), "the server reads one statement")
 }
