@@ -21,6 +21,7 @@ type SyntaxError struct {
 	Position int    // 1-based byte position of the error in the query; 0 if unknown
 }
 
+// Error returns the parser's message, with the position when known.
 func (e *SyntaxError) Error() string {
 	if e.Position > 0 {
 		return fmt.Sprintf("syntax error at byte %d: %s", e.Position, e.Message)

@@ -1,7 +1,10 @@
-// Package sqltext reads PostgreSQL statement text as the server's lexer
-// does, far enough to split a query string into its statements, tell a
-// statement's command tag from its leading keywords, and edit keywords
-// outside strings, identifiers and comments. It does not parse SQL.
+// Package sqltext reads PostgreSQL statement text with PostgreSQL's own
+// parser (PostgreSQL 17's, compiled to WebAssembly: no cgo): it splits a
+// query string into its statements and tells what each does
+// ([Statements]), reads a statement out of a PL/pgSQL call stack
+// ([NestedStatement]), checks type names ([IsTypeName]) and quotes names
+// and literals. Split and MatchesTag, on a hand lexer, remain for the
+// callers that have not moved to Statements.
 package sqltext
 
 import "strings"

@@ -1,7 +1,6 @@
 package sqltext
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -71,6 +70,9 @@ func TestWithoutConcurrently(t *testing.T) {
 	assert.Equal(t, "drop index if exists i", WithoutConcurrently("drop index concurrently if exists i", "DROP INDEX"))
 	assert.Equal(t, "ALTER TABLE p DETACH PARTITION p1 ", WithoutConcurrently("ALTER TABLE p DETACH PARTITION p1 CONCURRENTLY", "ALTER TABLE"))
 	assert.Equal(t, `CREATE INDEX "concurrently" ON t (c)`, WithoutConcurrently(`CREATE INDEX "concurrently" ON t (c)`, "CREATE INDEX"), "a quoted name stays")
+	assert.Equal(t, "CREATE INDEX i ON t (concurrently(c))", WithoutConcurrently("CREATE INDEX i ON t (concurrently(c))", "CREATE INDEX"), "a function named concurrently stays")
+	assert.Equal(t, "REINDEX TABLE /* c */ t", WithoutConcurrently("REINDEX TABLE /* c */ CONCURRENTLY t", "REINDEX"))
+	assert.Equal(t, "CREATE INDEX -- x\n i ON t (c)", WithoutConcurrently("CREATE INDEX -- x\n CONCURRENTLY i ON t (c)", "CREATE INDEX"))
 	assert.Equal(t, "REFRESH MATERIALIZED VIEW CONCURRENTLY v", WithoutConcurrently("REFRESH MATERIALIZED VIEW CONCURRENTLY v", "REFRESH MATERIALIZED VIEW"), "it runs in a transaction")
 }
 
@@ -96,39 +98,19 @@ func TestNestedStatement(t *testing.T) {
 	_, nested, ok = NestedStatement("SQL function \"f\" statement 1")
 	assert.True(t, nested)
 	assert.False(t, ok, "an SQL function's statement text is not in the stack")
-}
 
-// FuzzSplit: splitting never loses a byte that is not white space or a
-// separating semicolon, and never panics.
-func FuzzSplit(f *testing.F) {
-	for _, s := range []string{"SELECT 1; SELECT 2", "E'\\';'; $a$;$a$", "/* /* */ ; */", `"a""b";`, "CREATE FUNCTION f() BEGIN ATOMIC SELECT 1; END; X"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, query string) {
-		stmts := Split(query)
-		for _, s := range stmts {
-			if s == "" || s != strings.TrimSpace(s) {
-				t.Fatalf("statement %q is empty or not trimmed", s)
-			}
-			if !strings.Contains(query, s) {
-				t.Fatalf("statement %q is not part of the query", s)
-			}
-		}
-		strip := func(s string) string {
-			return strings.Map(func(r rune) rune {
-				if r == ';' || isSpace(byte(r)) && r < 0x80 {
-					return -1
-				}
-				return r
-			}, s)
-		}
-		if got, want := len(strip(strings.Join(stmts, ""))), len(strip(query)); got > want {
-			t.Fatalf("statements hold %d bytes that matter, the query %d", got, want)
-		}
-		for _, s := range stmts {
-			MatchesTag(s, "ALTER TABLE")
-			WithoutConcurrently(s, "CREATE INDEX")
-		}
-		NestedStatement(query)
-	})
+	// A statement whose text holds a quote, a line break and a frame-like
+	// line: two ends parse as one statement, so neither is taken.
+	shifted := "SQL statement \"SELECT 1 --\"\nfunction FROM t\"\nPL/pgSQL function inline_code_block line 1 at SQL statement"
+	_, nested, ok = NestedStatement(shifted)
+	assert.True(t, nested)
+	assert.False(t, ok, "two candidate ends parse")
+
+	// Only one end parses: the other leaves a comment open.
+	stmt, _, ok = NestedStatement("SQL statement \"DROP TABLE mal.t /*\"\nPL/pgSQL function f() line 1 at SQL statement\n*/\"\nPL/pgSQL function inline_code_block line 1 at SQL statement")
+	assert.True(t, ok)
+	assert.Equal(t, "DROP TABLE mal.t /*\"\nPL/pgSQL function f() line 1 at SQL statement\n*/", stmt)
+
+	_, _, ok = NestedStatement("SQL statement \"SELECT 1; SELECT 2\"\nPL/pgSQL function f() line 1 at EXECUTE")
+	assert.False(t, ok, "the text is not one statement")
 }

@@ -52,7 +52,7 @@ type Statement struct {
 // The parser reads strings with it on only, so with it off a query is
 // refused with an error wrapping [ErrNonStandardStrings] unless the
 // setting cannot change its meaning (no backslash in an ordinary string
-// constant, no U&” constant). A query the grammar does not accept (not
+// constant, no U&'...' constant). A query the grammar does not accept (not
 // SQL, or syntax of a later release) returns a *[SyntaxError].
 func Statements(query string, standardConformingStrings bool) ([]Statement, error) {
 	tokens, err := scan(query)
