@@ -1,12 +1,10 @@
 package sqltext
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
-	pgparser "github.com/wasilibs/go-pgquery/parser"
 )
 
 // Statement is one statement of a query string, as the server's parser
@@ -86,9 +84,8 @@ func Statements(query string, standardConformingStrings bool) ([]Statement, erro
 
 // syntaxError turns an error of the parser into a *SyntaxError.
 func syntaxError(err error) error {
-	var perr *pgparser.Error
-	if errors.As(err, &perr) {
-		return &SyntaxError{Message: perr.Message, Position: perr.Cursorpos}
+	if message, position, ok := parseError(err); ok {
+		return &SyntaxError{Message: message, Position: position}
 	}
 	return &SyntaxError{Message: err.Error()}
 }

@@ -1,11 +1,20 @@
+//go:build !cgo
+
 package sqltext
 
 import (
+	"errors"
 	"sync"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	pgquery "github.com/wasilibs/go-pgquery"
+	pgparser "github.com/wasilibs/go-pgquery/parser"
 )
+
+// Without cgo, the parser is PostgreSQL's compiled to WebAssembly
+// (go-pgquery, run by wazero): no C toolchain needed, at the cost of a
+// few seconds and some 250 MB to compile the module on first use. With
+// cgo, parse_cgo.go uses the same parser compiled natively.
 
 // parserMu serialises the calls into the parser. go-pgquery compiles a
 // fresh WebAssembly instance (seconds of CPU and tens of megabytes) for
@@ -31,4 +40,13 @@ func scan(query string) ([]*pg.ScanToken, error) {
 		return nil, err
 	}
 	return res.GetTokens(), nil
+}
+
+// parseError reads the message and position of an error of the parser.
+func parseError(err error) (message string, position int, ok bool) {
+	var perr *pgparser.Error
+	if errors.As(err, &perr) {
+		return perr.Message, perr.Cursorpos, true
+	}
+	return "", 0, false
 }
