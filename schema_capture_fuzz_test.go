@@ -22,7 +22,8 @@ type fuzzFragment struct {
 	replay  func(s string, n int) []string
 	setsSCS int  // 1: turns it on, -1: off
 	offOnly bool // valid SQL only with standard_conforming_strings off
-	control bool // transaction control
+	control bool // transaction control that commits or uses savepoints
+	fires   int  // statements that fire ddl_command_end (replayed or not)
 }
 
 // fuzzFragments are the pieces FuzzReplayStatements builds query strings
@@ -64,29 +65,41 @@ var fuzzFragments = []fuzzFragment{
 		}},
 	{sql: func(s string, n int) string { return "SET standard_conforming_strings = off" }, setsSCS: -1},
 	{sql: func(s string, n int) string { return "SET standard_conforming_strings = on" }, setsSCS: 1},
-	{sql: func(s string, n int) string { return "SAVEPOINT sp; RELEASE sp" }, control: true},
+	{sql: func(s string, n int) string { return "BEGIN; SAVEPOINT sp; RELEASE sp; COMMIT" }, control: true},
+	{sql: func(s string, n int) string { return "BEGIN" }},
 }
 
-// generatedQuery builds a query string from choice, and returns the
-// statements the target must run for it in order, "PROBLEM" where siphon
-// must refuse rather than guess.
-func generatedQuery(choice []byte, schema string) (string, []string) {
-	var parts, want []string
-	scsOn, control, ddl := true, false, 0
+// generatedQuery builds a query string from choice, to run in a session
+// whose standard_conforming_strings is off when the first byte is odd (the
+// server reads the whole string under that setting; a SET inside it
+// changes only what runs after), and returns the statements the target
+// must run for it in order, "PROBLEM" where siphon must refuse rather
+// than guess.
+func generatedQuery(choice []byte, schema string) (query string, startOff bool, want []string) {
+	if len(choice) == 0 {
+		return "", false, nil
+	}
+	startOff = choice[0]&1 == 1
+	var parts []string
+	scsOn, controlled, splitting := !startOff, false, false
+	fired := 0 // statements so far that fire ddl_command_end
 	switched, backslash := false, false // the query sets standard_conforming_strings; holds '\' in an ordinary string
-	for i, b := range choice {
+	for i, b := range choice[1:] {
 		if i == 6 {
 			break
 		}
 		fr := fuzzFragments[int(b)%len(fuzzFragments)]
-		if fr.offOnly && scsOn {
+		if fr.offOnly && !startOff {
 			continue
 		}
 		parts = append(parts, fr.sql(schema, i))
-		control = control || fr.control
 		switched, backslash = switched || fr.setsSCS != 0, backslash || fr.offOnly
+		if fr.control && fired > 0 {
+			controlled = true
+		}
+		firesHere := fr.fires
 		if fr.replay != nil {
-			ddl++
+			firesHere++
 			for _, stmt := range fr.replay(schema, i) {
 				if !scsOn {
 					stmt = "PROBLEM"
@@ -94,6 +107,10 @@ func generatedQuery(choice []byte, schema string) (string, []string) {
 				want = append(want, stmt)
 			}
 		}
+		if controlled && firesHere > 0 {
+			splitting = true
+		}
+		fired += firesHere
 		switch fr.setsSCS {
 		case 1:
 			scsOn = true
@@ -101,15 +118,15 @@ func generatedQuery(choice []byte, schema string) (string, []string) {
 			scsOn = false
 		}
 	}
-	// A query that switches the setting and reads otherwise under the
-	// other one is refused whole, as is transaction control among
-	// several changes.
-	if control && ddl > 1 || switched && backslash {
+	// A query whose schema changes transaction control splits (a commit
+	// or savepoint between them) is refused whole, and so is one that may
+	// switch the setting and reads otherwise under the other one.
+	if splitting || switched && backslash {
 		for i := range want {
 			want[i] = "PROBLEM"
 		}
 	}
-	return strings.Join(parts, "; "), want
+	return strings.Join(parts, "; "), startOff, want
 }
 
 // FuzzReplayStatements runs generated multi-statement query strings on a
@@ -121,7 +138,7 @@ func generatedQuery(choice []byte, schema string) (string, []string) {
 // the query as the generator meant is checked too: the table a misread
 // string would have dropped is still there.
 func FuzzReplayStatements(f *testing.F) {
-	for _, seed := range [][]byte{{0}, {1, 2, 8}, {9, 3, 0, 10, 7}, {5, 0}, {6, 4, 1}, {11, 0, 7}, {9, 0, 10, 2, 1}} {
+	for _, seed := range [][]byte{{0, 0}, {0, 1, 2, 8}, {1, 3, 0, 10, 7}, {1, 0, 9}, {0, 5, 0}, {0, 6, 4, 1}, {0, 11, 0, 7}, {1, 10, 3, 0}, {0, 9, 0, 10, 2, 1}} {
 		f.Add(seed)
 	}
 	srv := siphontest.Start(f)
@@ -153,9 +170,12 @@ func FuzzReplayStatements(f *testing.F) {
 		schema := fmt.Sprintf("fz%d", inputs.Add(1))
 		execSQL(t, admin, "CREATE SCHEMA "+schema, "CREATE TABLE "+schema+".victim (id int)")
 		from := insertPosition(t, admin)
-		query, want := generatedQuery(choice, schema)
+		query, startOff, want := generatedQuery(choice, schema)
 		if query == "" {
 			return
+		}
+		if startOff {
+			execSQL(t, admin, "SET standard_conforming_strings = off")
 		}
 		if _, err := admin.Exec(ctx, query); err != nil {
 			t.Fatalf("the generated query failed on the server: %v\n%s", err, query)

@@ -66,16 +66,26 @@ func TestSchemaCaptureLifecycle(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, `CREATE TABLE accounts (id int PRIMARY KEY, owner text)`)
 	c, slot, start := streamConnAt(t, dsn)
+	assert.Empty(t, captureObjects(t, admin), "nothing is installed unless asked for")
+	report, err := c.Preflight(ctx)
+	require.NoError(t, err)
+	check, ok := report.Check(siphon.CheckSchemaCapture)
+	require.True(t, ok)
+	assert.Equal(t, siphon.CheckWarning, check.Status, check.String())
+	assert.Contains(t, check.Found, "InstallSchemaCapture would install schema siphon", "Preflight says what the install would install")
+	require.NoError(t, c.InstallSchemaCapture(ctx))
 	assert.Equal(t, []string{
-		"event trigger siphon_capture_ddl", "event trigger siphon_capture_drop",
-		"function siphon.capture_ddl(text,text,text,text)", "function siphon.capture_event()", "function siphon.capture_failed(text,text)",
+		"event trigger siphon_capture_caller", "event trigger siphon_capture_ddl", "event trigger siphon_capture_drop",
+		"function siphon.capture_caller()", "function siphon.capture_ddl(text,text,text)", "function siphon.capture_event()",
+		"function siphon.capture_failed(text,text)", "function siphon.capture_pending_row()",
+		"relation siphon.capture_pending", "relation siphon.capture_pending_pkey",
 		"relation siphon.capture_publications", "relation siphon.capture_publications_pkey",
 		"relation siphon.schema_changes", "relation siphon.schema_changes_id_seq", "relation siphon.schema_changes_pkey",
 		"schema siphon",
 	}, captureObjects(t, admin))
-	report, err := c.Preflight(ctx)
+	report, err = c.Preflight(ctx)
 	require.NoError(t, err)
-	check, ok := report.Check(siphon.CheckSchemaCapture)
+	check, ok = report.Check(siphon.CheckSchemaCapture)
 	require.True(t, ok)
 	assert.Equal(t, siphon.CheckOK, check.Status, check.String())
 
@@ -108,7 +118,8 @@ func TestSchemaCaptureLifecycle(t *testing.T) {
 		"CREATE TABLE public.qualified (id int PRIMARY KEY)",
 		"CREATE INDEX under_replica_role ON accounts (id)",
 	}, statementsOf(ddl))
-	assert.Equal(t, "pg_catalog", ddl[len(ddl)-2].SearchPath, "the search_path the statement ran under")
+	assert.Equal(t, `"pg_catalog"`, ddl[len(ddl)-2].SearchPath, "the schemas the statement ran under")
+	assert.Equal(t, `"public"`, ddl[0].SearchPath, `"$user" expanded on the source: there is no schema postgres`)
 	assert.Equal(t, []canonical.DDLObject{{Type: "table", Identity: "public.later"}, {Type: "index", Identity: "public.later_pkey"}}, ddl[0].Objects)
 	var rows []string
 	for _, ch := range changes {
@@ -121,6 +132,7 @@ func TestSchemaCaptureLifecycle(t *testing.T) {
 
 	// A second publication shares the capture.
 	other, _ := backupConn(t, dsn)
+	require.NoError(t, other.InstallSchemaCapture(ctx))
 	_, err = other.CurrentPosition(ctx)
 	require.NoError(t, err)
 
@@ -235,6 +247,7 @@ func TestSchemaChangeRefusals(t *testing.T) {
 	execSQL(t, src, ddl)
 	// The incremental is written and read with a key: its schema changes run.
 	c, slot := backupConn(t, srcDSN, siphon.WithStreamKey(authKey))
+	require.NoError(t, c.InstallSchemaCapture(ctx))
 	start, err := c.CurrentPosition(ctx)
 	require.NoError(t, err)
 	execSQL(t, src,

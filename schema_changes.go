@@ -185,22 +185,22 @@ func (s *schemaChanges) statement(row *capturedChange) (stmt, problem string) {
 		return s.single(stmts[0].Text, row)
 	}
 	var firing []sqltext.Statement
-	control := false
+	splitting := false // transaction control that ends or undoes a transaction before a later schema change
 	for _, st := range stmts {
 		switch {
 		case st.Uncertain:
 			return secretFree(row.Query), fmt.Sprintf("siphon cannot tell which statement of the query is the %s: it does not know whether %q fires event triggers", row.Tag, st.Tag)
-		case st.TransactionControl:
-			control = true
+		case st.TransactionControl && st.Tag != "BEGIN" && st.Tag != "START TRANSACTION" && len(firing) > 0:
+			splitting = true
 		case st.FiresDDLEvent:
+			if splitting {
+				return secretFree(row.Query), fmt.Sprintf("the %s ran in a query string that commits, rolls back or uses savepoints between its schema changes: siphon cannot tell them apart with certainty; run such migrations one transaction per query", row.Tag)
+			}
 			firing = append(firing, st)
 		}
 	}
 	k := s.events[s.executionKey(row)]
-	switch {
-	case control && len(firing) > 1:
-		return secretFree(row.Query), fmt.Sprintf("the %s ran in a query string that holds transaction control and several schema changes: siphon cannot tell them apart with certainty; run such migrations one statement per query", row.Tag)
-	case k >= len(firing) || firing[k].Tag != row.Tag:
+	if k >= len(firing) || firing[k].Tag != row.Tag {
 		return secretFree(row.Query), fmt.Sprintf("siphon cannot tell which statement of the query is the %s (event %d of the query string)", row.Tag, k+1)
 	}
 	return s.single(firing[k].Text, row)

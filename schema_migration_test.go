@@ -97,6 +97,7 @@ func TestMigrationsAcrossTheChainAndTheReplica(t *testing.T) {
 	systemID := systemIdentifier(t, src)
 	// The chain is taken and restored with a key: its schema changes run.
 	chainConn, chainSlot := backupConn(t, srcDSN, siphon.WithStreamKey(authKey))
+	require.NoError(t, chainConn.InstallSchemaCapture(ctx))
 	base := backup(t, chainConn, siphon.BackupOptions{StartChain: true})
 	rep, err := chainConn.Verify(ctx, bytes.NewReader(base))
 	require.NoError(t, err)
@@ -105,6 +106,7 @@ func TestMigrationsAcrossTheChainAndTheReplica(t *testing.T) {
 	replicaDSN, replica := newDatabase(t)
 	execSQL(t, replica, realShop...)
 	replicaConn, replicaSlot := backupConn(t, srcDSN)
+	require.NoError(t, replicaConn.InstallSchemaCapture(ctx))
 	replicaTarget, err := siphon.Connect(ctx, replicaDSN)
 	require.NoError(t, err)
 	defer replicaTarget.Close()
@@ -184,7 +186,7 @@ func assertSameSchema(t *testing.T, srcDSN, dstDSN, when string) {
 var dumpNoise = regexp.MustCompile(`(?m)^(--.*|SET .*|SELECT pg_catalog\.set_config.*|\\(un)?restrict .*|\s*)\n`)
 
 // eventTriggers matches the capture's event triggers in a dump.
-var eventTriggers = regexp.MustCompile(`(?s)CREATE EVENT TRIGGER siphon_capture_\w+ ON \w+\s+EXECUTE FUNCTION siphon\.capture_event\(\);\n|ALTER EVENT TRIGGER siphon_capture_\w+ ENABLE ALWAYS;\n`)
+var eventTriggers = regexp.MustCompile(`(?s)CREATE EVENT TRIGGER siphon_capture_\w+ ON \w+\s+EXECUTE FUNCTION siphon\.capture_\w+\(\);\n|ALTER EVENT TRIGGER siphon_capture_\w+ ENABLE ALWAYS;\n`)
 
 // schemaDump runs pg_dump --schema-only on dsn and normalises its output.
 func schemaDump(t *testing.T, dsn string) string {

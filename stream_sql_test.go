@@ -130,7 +130,7 @@ func TestCatchUpDeliversWhatTheWalsenderDelivers(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE items (id int PRIMARY KEY, name text, qty int)", "CREATE TABLE wide (id int PRIMARY KEY, pad text)",
 		"CREATE TABLE open_tx (id int PRIMARY KEY, note text)")
-	walsender, slot, start := streamConnAt(t, dsn)
+	walsender, slot, start := captureConnAt(t, dsn)
 	walsender.NoCatchUpForTest()
 	ways := []struct {
 		name  string

@@ -81,7 +81,7 @@ func TestStreamValuesPositionsAndTOAST(t *testing.T) {
 		`CREATE UNIQUE INDEX idx_ident_ab ON idx_ident (b, a)`,
 		`ALTER TABLE idx_ident REPLICA IDENTITY USING INDEX idx_ident_ab`,
 	)
-	c, slot, from := streamConnAt(t, dsn)
+	c, slot, from := captureConnAt(t, dsn)
 
 	// Incompressible, so it is stored out of line (TOAST).
 	execSQL(t, admin,
@@ -183,7 +183,8 @@ func TestStreamValuesPositionsAndTOAST(t *testing.T) {
 	require.Len(t, ddl, 1, "the schema change is a change of its own transaction")
 	require.Equal(t, canonical.OpDDL, ddl[0].Op)
 	assert.Equal(t, &canonical.DDL{Tag: "ALTER TABLE", Statement: "ALTER TABLE vals ADD COLUMN added int DEFAULT 7",
-		SearchPath: `"$user", public`, Role: "postgres", Objects: []canonical.DDLObject{{Type: "table", Identity: "public.vals"}}}, ddl[0].DDL)
+		SearchPath: `"public"`, Role: "postgres", SessionRole: "postgres", Superuser: true, Installer: "postgres",
+		Objects: []canonical.DDLObject{{Type: "table", Identity: "public.vals"}}}, ddl[0].DDL)
 
 	added := txs[9].changes[0]
 	require.Len(t, added.Columns, 16, "a column added mid-stream is decoded from the next change on")
