@@ -78,7 +78,7 @@ func (a *appWorkload) also(table string) {
 func (a *appWorkload) waitRan(t *testing.T, n int64) {
 	t.Helper()
 	target := a.ran.Load() + n
-	require.Eventually(t, func() bool { return a.ran.Load() >= target }, 30*time.Second, time.Millisecond)
+	waitFor(t, fmt.Sprintf("the application runs %d statements", n), func() bool { return a.ran.Load() >= target })
 }
 
 func (a *appWorkload) halt() {

@@ -272,16 +272,17 @@ func runLastChild(t *testing.T, env []string) canonical.Position {
 // short life streaming rather than waiting (it would cope either way).
 func awaitReleased(t *testing.T, srcConn, tgtConn *pgx.Conn, slot string) {
 	t.Helper()
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		var active bool
-		assert.NoError(c, srcConn.QueryRow(context.Background(),
+	var active bool
+	var sessions int
+	waitUntil(func() bool {
+		require.NoError(t, srcConn.QueryRow(context.Background(),
 			"SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active))
-		assert.False(c, active, "slot active")
-		var sessions int
-		assert.NoError(c, tgtConn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		require.NoError(t, tgtConn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = 'siphon'`).Scan(&sessions))
-		assert.Zero(c, sessions, "siphon sessions on the target")
-	}, 10*time.Second, 5*time.Millisecond)
+		return !active && sessions == 0
+	})
+	require.False(t, active, "slot active")
+	require.Zero(t, sessions, "siphon sessions on the target")
 }
 
 // faultChild is the fault test's child process: the change data capture
@@ -289,7 +290,7 @@ func awaitReleased(t *testing.T, srcConn, tgtConn *pgx.Conn, slot string) {
 // predecessor still holds the slot or the target's origin. It runs until
 // the transaction holding the end message is applied.
 func faultChild() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	slot, systemID := os.Getenv(faultChildSlot), os.Getenv(faultChildSystem)
 	// Acknowledge at once, so that kills land after acknowledgements too
@@ -427,7 +428,7 @@ var errConsumerStopped = errors.New("the consumer stopped")
 
 // awaitApplied waits until the target has applied pos.
 func awaitApplied(ctx context.Context, tgt *siphon.Conn, systemID, slot string, pos canonical.Position, consumed <-chan struct{}) error {
-	deadline := time.After(30 * time.Second)
+	deadline := time.After(waitDeadline)
 	for {
 		applied, err := tgt.AppliedPositionFor(ctx, systemID, slot)
 		if err != nil || applied >= pos {
@@ -437,7 +438,7 @@ func awaitApplied(ctx context.Context, tgt *siphon.Conn, systemID, slot string, 
 		case <-consumed:
 			return errConsumerStopped
 		case <-deadline:
-			return fmt.Errorf("the target did not apply %v within 30 s (it stands at %v)", pos, applied)
+			return fmt.Errorf("the target did not apply %v within %v (it stands at %v)", pos, waitDeadline, applied)
 		case <-time.After(time.Millisecond):
 		}
 	}

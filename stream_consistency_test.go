@@ -387,7 +387,7 @@ func TestStreamMatchesTestDecoding(t *testing.T) {
 	sess := siphonSession(t, dsn)
 	var want []describedTx
 	var cur *describedTx
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(waitDeadline)
 	for done := false; !done; {
 		require.True(t, time.Now().Before(deadline), "test_decoding did not reach the marker")
 		rows, err := sess.Query(ctx, `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL, 'include-xids', '1', 'skip-empty-xacts', '0')`, tdSlot)

@@ -219,11 +219,8 @@ func TestCatchUpDeliversWhatTheWalsenderDelivers(t *testing.T) {
 // writeOnceStarted waits until the log says the walsender started, then
 // writes a transaction, an update and the marker end.
 func writeOnceStarted(admin *pgx.Conn, logs *logRecorder, end string) error {
-	for deadline := time.Now().Add(time.Minute); len(logs.find(slog.LevelInfo, "stream started")) == 0; {
-		if time.Now().After(deadline) {
-			return errors.New("the walsender did not start")
-		}
-		time.Sleep(time.Millisecond)
+	if !waitUntil(func() bool { return len(logs.find(slog.LevelInfo, "stream started")) > 0 }) {
+		return errors.New("the walsender did not start")
 	}
 	for _, sql := range []string{
 		"INSERT INTO items VALUES (200000, 'after the catch-up', 2, NULL)",
@@ -286,7 +283,7 @@ func TestCatchUpIncrementalBound(t *testing.T) {
 		done <- err
 	}()
 	// The bound is read before the catch-up starts.
-	require.Eventually(t, func() bool { return len(logs.find(slog.LevelInfo, catchUpStarted)) > 0 }, 30*time.Second, time.Millisecond)
+	waitFor(t, "the catch-up starts", func() bool { return len(logs.find(slog.LevelInfo, catchUpStarted)) > 0 })
 	execSQL(t, admin, "INSERT INTO t VALUES (4, 'after the bound')")
 	require.NoError(t, <-done)
 
@@ -356,7 +353,7 @@ func TestCatchUpCancelAndResume(t *testing.T) {
 	require.NotEmpty(t, logs.find(slog.LevelInfo, catchUpStarted))
 	assert.Equal(t, handled, pos, "the end of the last transaction handled")
 	assert.Equal(t, 150, commits, "nothing handled after the cancel")
-	assert.Eventually(t, func() bool { return slotConfirmed(t, admin, slot) == pos }, 10*time.Second, 10*time.Millisecond)
+	waitFor(t, "the slot stands at the last transaction handled", func() bool { return slotConfirmed(t, admin, slot) == pos })
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
 
@@ -397,7 +394,7 @@ func TestCatchUpSlotInUse(t *testing.T) {
 		err := admin.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && active
 	}
-	require.Eventually(t, slotActive, 10*time.Second, 10*time.Millisecond)
+	waitFor(t, "the holder takes the slot", slotActive)
 	_, err = c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
 	assert.ErrorIs(t, err, siphon.ErrSlotInUse, "a slot in use is refused")
 	assert.Empty(t, logs.find(slog.LevelInfo, catchUpStarted))
@@ -421,7 +418,7 @@ func TestCatchUpSlotInUse(t *testing.T) {
 				_, err := other.StreamChanges(otherCtx, 0, func(canonical.Change) error { return nil })
 				otherDone <- err
 			}()
-			require.Eventually(t, slotActive, 10*time.Second, 10*time.Millisecond)
+			waitFor(t, "the other stream takes the slot", slotActive)
 			close(taken)
 		}
 		return nil
@@ -463,7 +460,7 @@ func TestCatchUpEmitErrorStopsAndResumeRedelivers(t *testing.T) {
 	})
 	require.ErrorIs(t, err, boom)
 	assert.Equal(t, lastEnd, pos)
-	require.Eventually(t, func() bool { return slotConfirmed(t, admin, slot) == pos }, 10*time.Second, 10*time.Millisecond)
+	waitFor(t, "the slot stands at the last transaction handled", func() bool { return slotConfirmed(t, admin, slot) == pos })
 
 	emitMarker(t, admin, "end")
 	changes, _ := streamUntil(t, c, pos, "end")
@@ -614,7 +611,7 @@ func TestCatchUpIncrementalSlotTakenMeanwhile(t *testing.T) {
 			_, err := other.StreamChanges(otherCtx, since, func(canonical.Change) error { return nil })
 			otherDone <- err
 		}()
-		require.Eventually(t, func() bool { return slotIsActive(t, admin, slot) }, 10*time.Second, 5*time.Millisecond)
+		waitFor(t, "the other stream takes the slot", func() bool { return slotIsActive(t, admin, slot) })
 	}}
 	_, err = c.BackupIncremental(ctx, since, w)
 	assert.ErrorIs(t, err, siphon.ErrSlotInUse, "the slot was taken meanwhile")

@@ -240,8 +240,7 @@ func TestStreamResumeGap(t *testing.T) {
 	changes, pos2 := streamUntil(t, c, pos1, "two")
 	require.Len(t, transactions(t, changes), 1, "only the transaction after pos1")
 	require.Greater(t, pos2, pos1)
-	require.Eventually(t, func() bool { return slotConfirmed(t, admin, slot) == pos2 }, 10*time.Second, 10*time.Millisecond,
-		"stopping acknowledges the last handled transaction")
+	waitFor(t, "stopping acknowledges the last handled transaction", func() bool { return slotConfirmed(t, admin, slot) == pos2 })
 
 	emitted := 0
 	count := func(canonical.Change) error { emitted++; return nil }
@@ -295,13 +294,13 @@ func TestStreamLostSlotIsAGap(t *testing.T) {
 	c, slot, from := streamConnAt(t, dsn)
 
 	execSQL(t, admin, "CREATE TABLE filler (x text)")
-	require.Eventually(t, func() bool {
+	waitFor(t, "the slot is invalidated", func() bool {
 		execSQL(t, admin, "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
 			"SELECT pg_switch_wal()", "CHECKPOINT")
 		var status string
 		require.NoError(t, admin.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&status))
 		return status == "lost"
-	}, time.Minute, 10*time.Millisecond, "the slot is invalidated")
+	})
 
 	for _, pos := range []canonical.Position{from, 0} {
 		_, err = c.StreamChanges(ctx, pos, func(canonical.Change) error { return nil })
@@ -342,13 +341,13 @@ func TestStreamIdleSlotAdvancesAndResumeFromLastCommitWorks(t *testing.T) {
 	var last canonical.Position
 	select {
 	case last = <-commits:
-	case <-time.After(30 * time.Second):
+	case <-time.After(waitDeadline):
 		t.Fatal("the first transaction was not streamed")
 	}
-	require.Eventually(t, func() bool {
+	waitFor(t, "the slot advances while only unpublished tables change", func() bool {
 		execSQL(t, admin, "INSERT INTO unpub SELECT repeat('y', 200) FROM generate_series(1, 100)")
 		return slotConfirmed(t, admin, slot) > last
-	}, 30*time.Second, 10*time.Millisecond, "the slot advances while only unpublished tables change")
+	})
 	stop()
 	res := <-done
 	require.NoError(t, res.err)
@@ -386,8 +385,7 @@ func TestStreamHeartbeatMovesAnIdleSlot(t *testing.T) {
 		_, err := c.StreamChanges(runCtx, start, func(canonical.Change) error { emitted.Add(1); return nil })
 		done <- err
 	}()
-	require.Eventually(t, func() bool { return slotConfirmed(t, admin, slot) > start }, 30*time.Second, 10*time.Millisecond,
-		"heartbeats advance a slot with no changes at all")
+	waitFor(t, "heartbeats advance a slot with no changes at all", func() bool { return slotConfirmed(t, admin, slot) > start })
 	stop()
 	require.NoError(t, <-done)
 	assert.Zero(t, emitted.Load(), "heartbeat messages are not emitted")
@@ -418,7 +416,7 @@ func TestStreamEmitErrorStopsAndResumeRedelivers(t *testing.T) {
 	require.ErrorIs(t, err, boom, "the emit error is returned wrapped")
 	assert.NotErrorIs(t, err, siphon.ErrStreamInterrupted)
 	assert.Equal(t, firstEnd, pos, "the position of the last transaction whose commit was handled")
-	require.Eventually(t, func() bool { return slotConfirmed(t, admin, slot) == firstEnd }, 10*time.Second, 10*time.Millisecond)
+	waitFor(t, "the slot stands at the last transaction handled", func() bool { return slotConfirmed(t, admin, slot) == firstEnd })
 
 	emitMarker(t, admin, "end")
 	changes, _ := streamUntil(t, c, pos, "end")
@@ -479,11 +477,11 @@ func TestStreamSlotInUse(t *testing.T) {
 		_, err := c.StreamChanges(runCtx, start, func(canonical.Change) error { return nil })
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
+	waitFor(t, "the stream takes the slot", func() bool {
 		var active bool
 		err := admin.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && active
-	}, 10*time.Second, 10*time.Millisecond)
+	})
 
 	_, err := c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
 	assert.ErrorIs(t, err, siphon.ErrAlreadyStreaming, "the same Conn says so at once")
@@ -612,11 +610,11 @@ func TestBackupIncrementalBound(t *testing.T) {
 	}()
 	// The bound is read before the slot is taken: commit a transaction
 	// after it, while the capture is busy with the bulk insert.
-	require.Eventually(t, func() bool {
+	waitFor(t, "the incremental takes the slot", func() bool {
 		var active bool
 		err := admin.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && active
-	}, 30*time.Second, time.Millisecond)
+	})
 	execSQL(t, admin, "INSERT INTO t VALUES (4, 'after the bound')")
 	require.NoError(t, <-done)
 
