@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -126,16 +125,15 @@ func TestAttachNeverBreaksTheApplication(t *testing.T) {
 	app.also("app_events")
 	app.waitRan(t, 60)
 
+	// Everything the application committed so far, up to a marker.
+	emitMarker(t, admin, "attached")
+	changes, _ := streamUntil(t, c, start, "attached")
 	tables := map[string]int{}
-	runCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	_, err = c.StreamChanges(runCtx, start, func(ch canonical.Change) error {
+	for _, ch := range changes {
 		if ch.Table != "" {
 			tables[ch.Table]++
 		}
-		return nil
-	})
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
 	assert.Positive(t, tables["orders"], "the keyed table is captured")
 	assert.Zero(t, tables["app_log"], "the keyless table is not")
 	assert.Zero(t, tables["app_events"], "nor the keyless table created later")
