@@ -10,9 +10,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,7 +87,7 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	origin := fmt.Sprintf("siphon_%s_%s_%s", dbOID(t, tgtConn), systemID, slot)
 	tally := killTally{landed: map[string]int{}}
 	for i := range rounds {
-		out := runKilledChild(t, env, 50*time.Millisecond+rand.N(350*time.Millisecond))
+		out := runKilledChild(t, env, rand.N(350*time.Millisecond))
 		awaitReleased(t, srcConn, tgtConn, slot)
 		tally.record(t, i+1, out, srcConn, tgtConn, slot, origin)
 	}
@@ -226,33 +226,64 @@ func killedWhere(t *testing.T, out string, tgtConn *pgx.Conn, origin string) str
 
 func init() { childModes["cdc-loop"] = faultChild }
 
-// faultChildCmd is the test binary run as the fault child.
-func faultChildCmd(env []string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
-	cmd := childCmd("cdc-loop", env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	return cmd, &stdout, &stderr
-}
-
-// runKilledChild starts the child, SIGKILLs it after delay, and returns
-// what it reported. The child must not exit by itself.
+// runKilledChild starts the child, SIGKILLs it delay after it reported
+// that its stream starts, and returns what it reported. The kill is timed
+// from the child's report, not from its start: on a loaded machine (the
+// race detector, a shared CI runner) a child may take longer to start
+// than any delay. The child must not exit by itself.
 func runKilledChild(t *testing.T, env []string, delay time.Duration) string {
 	t.Helper()
-	cmd, stdout, stderr := faultChildCmd(env)
+	cmd := childCmd("cdc-loop", env...)
+	stdout := &startWatcher{started: make(chan struct{})}
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = stdout, &stderr
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	select {
 	case err := <-exited:
-		t.Fatalf("child exited before it was killed: %v\nstdout: %s\nstderr: %s", err, stdout, stderr)
+		t.Fatalf("child exited before its stream started: %v\nstdout: %s\nstderr: %s", err, stdout, &stderr)
+	case <-time.After(waitDeadline):
+		t.Fatalf("the child did not start its stream within %v\nstderr: %s", waitDeadline, &stderr)
+	case <-stdout.started:
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("child exited before it was killed: %v\nstdout: %s\nstderr: %s", err, stdout, &stderr)
 	case <-time.After(delay):
 	}
 	require.NoError(t, cmd.Process.Kill())
 	<-exited
 	if stderr.Len() > 0 {
-		t.Logf("killed child's stderr: %s", stderr)
+		t.Logf("killed child's stderr: %s", &stderr)
 	}
 	return stdout.String()
+}
+
+// startWatcher is a fault child's stdout: it keeps what the child
+// reported, and closes started once the child reported markStart.
+type startWatcher struct {
+	mu      sync.Mutex
+	out     bytes.Buffer
+	started chan struct{}
+	seen    bool
+}
+
+func (w *startWatcher) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, _ := w.out.Write(b)
+	if !w.seen && strings.Contains("\n"+w.out.String(), "\n"+markStart+"\n") {
+		w.seen = true
+		close(w.started)
+	}
+	return n, nil
+}
+
+func (w *startWatcher) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.out.String()
 }
 
 // runLastChild runs the child until it has applied the last source
