@@ -201,9 +201,11 @@ func testBlockedGivesUp(t *testing.T, srv *siphontest.Server, retryDelay time.Du
 	require.ErrorAs(t, err, &blocked)
 	assert.Equal(t, "blocked_slot", blocked.Slot)
 	// It keeps trying until MaxBlocked (less the 100ms shortest attempt), and
-	// stops right after: 2.01-2.04s on an idle machine, more under heavy load.
+	// stops right after: 2.01-2.04s on an idle machine, more under heavy
+	// load; the upper bound leaves a loaded machine room and still tells
+	// giving up from trying on (MaxBlocked 2 s, one attempt 300 ms).
 	assert.GreaterOrEqual(t, elapsed, retry.MaxBlocked-150*time.Millisecond)
-	assert.Less(t, elapsed, retry.MaxBlocked+2*time.Second)
+	assert.Less(t, elapsed, retry.MaxBlocked+10*time.Second)
 	assert.LessOrEqual(t, blocked.Waited, elapsed)
 	require.NotEmpty(t, blocked.Blockers)
 	b := blocked.Blockers[0]
