@@ -158,7 +158,7 @@ func emitMarker(t *testing.T, conn *pgx.Conn, marker string) {
 // returned.
 func streamUntil(t *testing.T, c *siphon.Conn, from canonical.Position, marker string) ([]canonical.Change, canonical.Position) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	var got []canonical.Change
 	seen := false

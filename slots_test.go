@@ -260,7 +260,7 @@ func testBlockerCommits(t *testing.T, srv *siphontest.Server) {
 	execSQL(t, blocker, "BEGIN", "SELECT txid_current()")
 	logs := &logRecorder{}
 	c := connect(t, dsn, siphon.WithSlot("patient_slot"), siphon.WithLogger(logs.logger()), siphon.WithSlotRetry(siphon.SlotRetry{
-		LockTimeout: 300 * time.Millisecond, MaxBlocked: 30 * time.Second, RetryDelay: 50 * time.Millisecond}))
+		LockTimeout: 300 * time.Millisecond, MaxBlocked: waitDeadline, RetryDelay: 50 * time.Millisecond}))
 
 	done := make(chan error, 1)
 	go func() { _, _, err := c.EnsureSlotForTest(ctx); done <- err }()

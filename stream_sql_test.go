@@ -44,7 +44,7 @@ func collectUntilEnd(t *testing.T, c *siphon.Conn, from canonical.Position, onMa
 // collectUntil is collectUntilEnd until the marker end.
 func collectUntil(t *testing.T, c *siphon.Conn, from canonical.Position, end string, onMarker func(string)) ([]canonical.Change, canonical.Position) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	var got []canonical.Change
 	seen := false
