@@ -87,7 +87,7 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	origin := fmt.Sprintf("siphon_%s_%s_%s", dbOID(t, tgtConn), systemID, slot)
 	tally := killTally{landed: map[string]int{}}
 	for i := range rounds {
-		out := runKilledChild(t, env, rand.N(350*time.Millisecond))
+		out := runKilledChild(t, env, killMark(i), rand.N(350*time.Millisecond))
 		awaitReleased(t, srcConn, tgtConn, slot)
 		tally.record(t, i+1, out, srcConn, tgtConn, slot, origin)
 	}
@@ -226,15 +226,16 @@ func killedWhere(t *testing.T, out string, tgtConn *pgx.Conn, origin string) str
 
 func init() { childModes["cdc-loop"] = faultChild }
 
-// runKilledChild starts the child, SIGKILLs it delay after it reported
-// that its stream starts, and returns what it reported. The kill is timed
-// from the child's report, not from its start: on a loaded machine (the
-// race detector, a shared CI runner) a child may take longer to start
-// than any delay. The child must not exit by itself.
-func runKilledChild(t *testing.T, env []string, delay time.Duration) string {
+// runKilledChild starts the child, SIGKILLs it delay after it first
+// reported mark (markStart: its stream starts; markBegin: a transaction
+// begins), and returns what it reported. The kill is timed from the
+// child's report, not from its start: on a loaded machine (the race
+// detector, a shared CI runner) a child may take longer to start, and its
+// stream to deliver, than any delay. The child must not exit by itself.
+func runKilledChild(t *testing.T, env []string, mark string, delay time.Duration) string {
 	t.Helper()
 	cmd := childCmd("cdc-loop", env...)
-	stdout := &startWatcher{started: make(chan struct{})}
+	stdout := &markWatcher{mark: mark, seen: make(chan struct{})}
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = stdout, &stderr
 	require.NoError(t, cmd.Start())
@@ -242,10 +243,10 @@ func runKilledChild(t *testing.T, env []string, delay time.Duration) string {
 	go func() { exited <- cmd.Wait() }()
 	select {
 	case err := <-exited:
-		t.Fatalf("child exited before its stream started: %v\nstdout: %s\nstderr: %s", err, stdout, &stderr)
+		t.Fatalf("child exited before it reported %q: %v\nstdout: %s\nstderr: %s", mark, err, stdout, &stderr)
 	case <-time.After(waitDeadline):
-		t.Fatalf("the child did not start its stream within %v\nstderr: %s", waitDeadline, &stderr)
-	case <-stdout.started:
+		t.Fatalf("the child did not report %q within %v\nstderr: %s", mark, waitDeadline, &stderr)
+	case <-stdout.seen:
 	}
 	select {
 	case err := <-exited:
@@ -260,27 +261,46 @@ func runKilledChild(t *testing.T, env []string, delay time.Duration) string {
 	return stdout.String()
 }
 
-// startWatcher is a fault child's stdout: it keeps what the child
-// reported, and closes started once the child reported markStart.
-type startWatcher struct {
-	mu      sync.Mutex
-	out     bytes.Buffer
-	started chan struct{}
-	seen    bool
+// killMark is the report runKilledChild times round's kill from: every
+// other kill lands a random moment after the stream starts (in its setup,
+// its catch-up, anywhere), the others after it delivered a transaction.
+func killMark(round int) string {
+	if round%2 == 1 {
+		return markBegin
+	}
+	return markStart
 }
 
-func (w *startWatcher) Write(b []byte) (int, error) {
+// markWatcher is a fault child's stdout: it keeps what the child
+// reported, and closes seen once the child reported a line of mark.
+type markWatcher struct {
+	mu      sync.Mutex
+	out     bytes.Buffer
+	mark    string
+	seen    chan struct{}
+	closed  bool
+	scanned int // bytes of out already looked at
+}
+
+func (w *markWatcher) Write(b []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n, _ := w.out.Write(b)
-	if !w.seen && strings.Contains("\n"+w.out.String(), "\n"+markStart+"\n") {
-		w.seen = true
-		close(w.started)
+	for !w.closed {
+		line, _, ok := strings.Cut(w.out.String()[w.scanned:], "\n")
+		if !ok {
+			break
+		}
+		w.scanned += len(line) + 1
+		if line == w.mark || strings.HasPrefix(line, w.mark+" ") {
+			w.closed = true
+			close(w.seen)
+		}
 	}
 	return n, nil
 }
 
-func (w *startWatcher) String() string {
+func (w *markWatcher) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.out.String()
