@@ -684,11 +684,11 @@ func assertApplyInProgress(t *testing.T, c *siphon.Conn, stream []byte, first ca
 	go func() { done <- c.ConsumeCanonical(context.Background(), pr) }()
 	_, err := pw.Write(stream[:cut])
 	require.NoError(t, err)
-	require.EventuallyWithT(t, func(ct *assert.CollectT) {
+	waitFor(t, "the first transaction is applied", func() bool {
 		pos, err := c.AppliedPosition(context.Background())
-		assert.NoError(ct, err)
-		assert.Equal(ct, first, pos)
-	}, 10*time.Second, 10*time.Millisecond)
+		require.NoError(t, err)
+		return pos == first
+	})
 
 	err = c.ConsumeCanonical(context.Background(), bytes.NewReader(stream))
 	require.ErrorIs(t, err, siphon.ErrApplyInProgress)

@@ -70,7 +70,7 @@ func (w *writers) halt() {
 // transactions. It may run on any goroutine: it fails nothing itself.
 func (w *writers) waitCommits(n int64) error {
 	target := w.commits.Load() + n
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(waitDeadline)
 	for w.commits.Load() < target {
 		select {
 		case err := <-w.errs:
@@ -78,7 +78,7 @@ func (w *writers) waitCommits(n int64) error {
 		default:
 		}
 		if time.Now().After(deadline) {
-			return errors.New("the writers made no progress for a minute")
+			return fmt.Errorf("the writers did not commit %d transactions within %v", n, waitDeadline)
 		}
 		time.Sleep(time.Millisecond)
 	}

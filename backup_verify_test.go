@@ -176,13 +176,12 @@ func TestBackupCancelLeavesNothing(t *testing.T) {
 			w := &blockAfterHeader{ctx: ctx, blocked: make(chan struct{}), release: make(chan struct{})}
 			done := make(chan error, 1)
 			go func() { done <- c.Backup(ctx, siphon.BackupOptions{Jobs: jobs, TempDir: tmp}, w) }()
-			require.Eventually(t, func() bool { return len(childProcesses("pg_dump", marker)) > 0 }, time.Minute, time.Millisecond,
-				"pg_dump never started")
+			waitFor(t, "pg_dump never started", func() bool { return len(childProcesses("pg_dump", marker)) > 0 })
 			cancel()
 			select {
 			case err := <-done:
 				require.ErrorIs(t, err, context.Canceled)
-			case <-time.After(time.Minute):
+			case <-time.After(waitDeadline):
 				t.Fatal("Backup did not return after cancel")
 			}
 			assert.Empty(t, childProcesses("pg_dump", marker), "no pg_dump process left")

@@ -144,8 +144,7 @@ func TestKillBackupMidDumpLeavesNothing(t *testing.T) {
 		if err == nil {
 			assert.False(t, rep.OK, "Verify refuses a backup cut by a kill")
 		}
-		require.Eventually(t, func() bool { return len(physicalSlots(t, admin)) == 0 }, 10*time.Second, 5*time.Millisecond,
-			"no base slot is left: a killed backup's went with its session")
+		waitFor(t, "no base slot is left: a killed backup's went with its session", func() bool { return len(physicalSlots(t, admin)) == 0 })
 
 		var next bytes.Buffer
 		require.NoError(t, c.Backup(ctx, m.options(temp), &next), "the next backup, %s", m.name)
@@ -206,14 +205,14 @@ func killBackupChild(t *testing.T, env []string, database string, progress func(
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	var leader int
-	require.Eventually(t, func() bool {
+	waitFor(t, "pg_dump starts", func() bool {
 		for _, p := range pgDumpProcesses(database) {
 			if p.ppid == cmd.Process.Pid {
 				leader = p.pid
 			}
 		}
 		return leader != 0 || len(exited) > 0
-	}, 30*time.Second, time.Millisecond, "pg_dump starts")
+	})
 	started := time.Now()
 	seen := map[int]bool{}
 	var dumped int64
@@ -238,10 +237,10 @@ func killBackupChild(t *testing.T, env []string, database string, progress func(
 	<-exited
 	killed := time.Now()
 	var left []procStat
-	require.Eventually(t, func() bool {
+	waitFor(t, fmt.Sprintf("pg_dump processes left: %v", left), func() bool {
 		left = pgDumpProcesses(database)
 		return len(left) == 0
-	}, 30*time.Second, 5*time.Millisecond, "pg_dump processes left: %v", left)
+	})
 	output, err := os.ReadFile(envValue(env, backupChildOut))
 	require.NoError(t, err)
 	return killedBackup{output: output, after: killed.Sub(started), progress: dumped, procs: len(seen), gone: time.Since(killed)}
@@ -325,11 +324,14 @@ func readProcStat(path string) (procStat, bool) {
 // session (pg_dump's included: it runs as "siphon").
 func awaitNoLeftovers(t *testing.T, admin *pgx.Conn, slot string) {
 	t.Helper()
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		left, err := leftovers(context.Background(), admin, []string{slot})
-		assert.NoError(c, err)
-		assert.Empty(c, left)
-	}, 10*time.Second, 5*time.Millisecond)
+	var left []string
+	waitUntil(func() bool {
+		var err error
+		left, err = leftovers(context.Background(), admin, []string{slot})
+		require.NoError(t, err)
+		return len(left) == 0
+	})
+	require.Empty(t, left, "left by the killed child")
 }
 
 // physicalSlot is a physical replication slot of the server.
@@ -373,7 +375,7 @@ func init() { childModes["backup-kill"] = backupKillChild }
 // backupKillChild is the backup child: one Backup into a file, which the
 // test kills before it ends.
 func backupKillChild() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	jobs, err := strconv.Atoi(os.Getenv(backupChildJobs))
 	if err != nil {
@@ -493,8 +495,7 @@ func TestKillRestoreLeavesNothing(t *testing.T) {
 		<-exited
 		killed := time.Now()
 		release()
-		require.Eventually(t, func() bool { return len(programProcesses("pg_restore", database)) == 0 },
-			30*time.Second, 5*time.Millisecond, "pg_restore processes left")
+		waitFor(t, "pg_restore processes left", func() bool { return len(programProcesses("pg_restore", database)) == 0 })
 		gone := time.Since(killed)
 		awaitNoLeftovers(t, dst, "")
 		left := dirNames(t, temp)
@@ -538,7 +539,7 @@ func holdIndexBuilds(t *testing.T, dsn string) (release func()) {
 // holdIndexBuilds' lock, or the child exited, and says where it stands.
 func restoreKillPoint(t *testing.T, dst *pgx.Conn, temp string, spooling bool, rows int64, exited chan error) string {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && len(exited) == 0; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(waitDeadline); time.Now().Before(deadline) && len(exited) == 0; time.Sleep(time.Millisecond) {
 		if spooling {
 			if entries, _ := os.ReadDir(temp); len(entries) > 0 {
 				return "while spooling"
@@ -558,7 +559,7 @@ func restoreKillPoint(t *testing.T, dst *pgx.Conn, temp string, spooling bool, r
 			return "with every row in, at an index build"
 		}
 	}
-	require.NotZero(t, len(exited), "the restore child neither spooled nor copied within 30 s")
+	require.NotZero(t, len(exited), "the restore child neither spooled nor copied within %v", waitDeadline)
 	return "after it exited"
 }
 
@@ -568,7 +569,7 @@ func init() { childModes["restore-kill"] = restoreKillChild }
 // the test kills before it ends. Its input holds after restoreChildHold
 // bytes.
 func restoreKillChild() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	jobs, err := strconv.Atoi(os.Getenv(restoreChildJobs))
 	if err != nil {

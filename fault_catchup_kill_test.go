@@ -48,7 +48,7 @@ func TestKillDuringCatchUpAppliesEachTransactionOnce(t *testing.T) {
 	tally := killTally{landed: map[string]int{}}
 	inCatchUp := 0
 	for i := range rounds {
-		out := runKilledChild(t, env, 100*time.Millisecond+rand.N(400*time.Millisecond))
+		out := runKilledChild(t, env, killMark(i), rand.N(400*time.Millisecond))
 		if strings.Contains(out, markCatchUp+"\n") && !strings.Contains(out, markWalsender+"\n") {
 			inCatchUp++
 		}

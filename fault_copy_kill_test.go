@@ -333,15 +333,18 @@ func copyKilledWhere(out string) (string, int64) {
 // target.
 func awaitCopyChildGone(t *testing.T, srcConn, tgtConn *pgx.Conn, slot string) {
 	t.Helper()
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		left, err := leftovers(context.Background(), srcConn, []string{slot})
-		assert.NoError(c, err)
-		assert.Empty(c, left, "left on the source")
-		var sessions int
-		assert.NoError(c, tgtConn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+	var left []string
+	var sessions int
+	waitUntil(func() bool {
+		var err error
+		left, err = leftovers(context.Background(), srcConn, []string{slot})
+		require.NoError(t, err)
+		require.NoError(t, tgtConn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = $1`, copyChildApp).Scan(&sessions))
-		assert.Zero(c, sessions, "copy child's sessions on the target")
-	}, 10*time.Second, 5*time.Millisecond)
+		return len(left) == 0 && sessions == 0
+	})
+	require.Empty(t, left, "left on the source")
+	require.Zero(t, sessions, "copy child's sessions on the target")
 }
 
 // copyKillTransactions changes kc_accounts: updates, inserts, deletes and
@@ -371,7 +374,7 @@ func init() { childModes["copy-resume"] = copyResumeChild }
 // checkpoint records (or starts it) in a new snapshot, committing rows and
 // checkpoints together, until the copy is complete.
 func copyResumeChild() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	src, err := siphon.Connect(ctx, os.Getenv(copyChildSource), siphon.WithSlot(os.Getenv(copyChildSlot)),
 		siphon.WithCopySessions(2))

@@ -154,7 +154,7 @@ func TestSourceFastShutdownWithIdleStream(t *testing.T) {
 	first := <-commits
 	execSQL(t, admin, "BEGIN", "INSERT INTO t VALUES (2)") // ended by the shutdown
 
-	restartCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	restartCtx, cancel := context.WithTimeout(ctx, waitDeadline)
 	defer cancel()
 	began := time.Now()
 	require.NoError(t, srv.Restart(restartCtx), "the stream does not hold the shutdown")
@@ -164,7 +164,7 @@ func TestSourceFastShutdownWithIdleStream(t *testing.T) {
 	case err := <-streamed:
 		require.ErrorAs(t, err, &intr)
 		assert.ErrorIs(t, err, siphon.ErrStreamInterrupted)
-	case <-time.After(30 * time.Second):
+	case <-time.After(waitDeadline):
 		t.Fatal("the stream did not end when its server restarted")
 	}
 	assert.Equal(t, first, intr.Position, "resume from the last transaction handled")
@@ -206,21 +206,20 @@ func restartWhileHeld(t *testing.T, srv *siphontest.Server, progress *heldProgre
 	case <-hit:
 	case <-loop.done:
 		t.Fatalf("the loop ended before a %q mark: %v", kind, loop.err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no %q mark within 30 s", kind)
+	case <-time.After(waitDeadline):
+		t.Fatalf("no %q mark within %v", kind, waitDeadline)
 	}
 	began := time.Now()
 	restarted := make(chan error, 1)
 	go func() { restarted <- srv.Restart(context.Background()) }()
-	require.Eventually(t, func() bool { return !accepts(srv.DSN()) }, 30*time.Second, time.Millisecond,
-		"the server refuses sessions once it shuts down")
+	waitFor(t, "the server refuses sessions once it shuts down", func() bool { return !accepts(srv.DSN()) })
 	close(release)
 	released = true
 	select {
 	case err := <-restarted:
 		require.NoError(t, err)
-	case <-time.After(time.Minute):
-		t.Fatal("the restart did not end within a minute")
+	case <-time.After(waitDeadline):
+		t.Fatalf("the restart did not end within %v", waitDeadline)
 	}
 	return time.Since(began)
 }
@@ -240,13 +239,13 @@ func accepts(dsn string) bool {
 // awaitAppliedCount waits until the loop has applied n transactions.
 func awaitAppliedCount(t *testing.T, progress *heldProgress, n int64, loop *restartLoop) {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
+	deadline := time.After(waitDeadline)
 	for progress.applied.Load() < n {
 		select {
 		case <-loop.done:
 			t.Fatalf("the loop ended after %d transactions: %v", progress.applied.Load(), loop.err)
 		case <-deadline:
-			t.Fatalf("the loop applied %d transactions, not %d, within 30 s", progress.applied.Load(), n)
+			t.Fatalf("the loop applied %d transactions, not %d, within %v", progress.applied.Load(), n, waitDeadline)
 		case <-time.After(time.Millisecond):
 		}
 	}
@@ -307,7 +306,7 @@ type restartLoopResult struct {
 
 func startRestartLoop(ctx context.Context, src, tgt *siphon.Conn, systemID, slot string, progress *heldProgress) *restartLoop {
 	l := &restartLoop{done: make(chan struct{})}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute) // the whole test: only a hang reaches it
 	go func() {
 		defer close(l.done)
 		defer cancel()
@@ -350,8 +349,8 @@ func (l *restartLoop) wait(t *testing.T) restartLoopResult {
 	t.Helper()
 	select {
 	case <-l.done:
-	case <-time.After(time.Minute):
-		t.Fatal("the loop did not apply the end message within a minute")
+	case <-time.After(waitDeadline):
+		t.Fatalf("the loop did not apply the end message within %v", waitDeadline)
 	}
 	require.NoError(t, l.err)
 	return l.res

@@ -10,9 +10,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,7 +87,7 @@ func TestKillAtRandomPointsAppliesEachTransactionOnce(t *testing.T) {
 	origin := fmt.Sprintf("siphon_%s_%s_%s", dbOID(t, tgtConn), systemID, slot)
 	tally := killTally{landed: map[string]int{}}
 	for i := range rounds {
-		out := runKilledChild(t, env, 50*time.Millisecond+rand.N(350*time.Millisecond))
+		out := runKilledChild(t, env, killMark(i), rand.N(350*time.Millisecond))
 		awaitReleased(t, srcConn, tgtConn, slot)
 		tally.record(t, i+1, out, srcConn, tgtConn, slot, origin)
 	}
@@ -226,33 +226,84 @@ func killedWhere(t *testing.T, out string, tgtConn *pgx.Conn, origin string) str
 
 func init() { childModes["cdc-loop"] = faultChild }
 
-// faultChildCmd is the test binary run as the fault child.
-func faultChildCmd(env []string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
-	cmd := childCmd("cdc-loop", env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	return cmd, &stdout, &stderr
-}
-
-// runKilledChild starts the child, SIGKILLs it after delay, and returns
-// what it reported. The child must not exit by itself.
-func runKilledChild(t *testing.T, env []string, delay time.Duration) string {
+// runKilledChild starts the child, SIGKILLs it delay after it first
+// reported mark (markStart: its stream starts; markBegin: a transaction
+// begins), and returns what it reported. The kill is timed from the
+// child's report, not from its start: on a loaded machine (the race
+// detector, a shared CI runner) a child may take longer to start, and its
+// stream to deliver, than any delay. The child must not exit by itself.
+func runKilledChild(t *testing.T, env []string, mark string, delay time.Duration) string {
 	t.Helper()
-	cmd, stdout, stderr := faultChildCmd(env)
+	cmd := childCmd("cdc-loop", env...)
+	stdout := &markWatcher{mark: mark, seen: make(chan struct{})}
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = stdout, &stderr
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	select {
 	case err := <-exited:
-		t.Fatalf("child exited before it was killed: %v\nstdout: %s\nstderr: %s", err, stdout, stderr)
+		t.Fatalf("child exited before it reported %q: %v\nstdout: %s\nstderr: %s", mark, err, stdout, &stderr)
+	case <-time.After(waitDeadline):
+		t.Fatalf("the child did not report %q within %v\nstderr: %s", mark, waitDeadline, &stderr)
+	case <-stdout.seen:
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("child exited before it was killed: %v\nstdout: %s\nstderr: %s", err, stdout, &stderr)
 	case <-time.After(delay):
 	}
 	require.NoError(t, cmd.Process.Kill())
 	<-exited
 	if stderr.Len() > 0 {
-		t.Logf("killed child's stderr: %s", stderr)
+		t.Logf("killed child's stderr: %s", &stderr)
 	}
 	return stdout.String()
+}
+
+// killMark is the report runKilledChild times round's kill from: every
+// other kill lands a random moment after the stream starts (in its setup,
+// its catch-up, anywhere), the others after it delivered a transaction.
+func killMark(round int) string {
+	if round%2 == 1 {
+		return markBegin
+	}
+	return markStart
+}
+
+// markWatcher is a fault child's stdout: it keeps what the child
+// reported, and closes seen once the child reported a line of mark.
+type markWatcher struct {
+	mu      sync.Mutex
+	out     bytes.Buffer
+	mark    string
+	seen    chan struct{}
+	closed  bool
+	scanned int // bytes of out already looked at
+}
+
+func (w *markWatcher) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, _ := w.out.Write(b)
+	for !w.closed {
+		line, _, ok := strings.Cut(w.out.String()[w.scanned:], "\n")
+		if !ok {
+			break
+		}
+		w.scanned += len(line) + 1
+		if line == w.mark || strings.HasPrefix(line, w.mark+" ") {
+			w.closed = true
+			close(w.seen)
+		}
+	}
+	return n, nil
+}
+
+func (w *markWatcher) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.out.String()
 }
 
 // runLastChild runs the child until it has applied the last source
@@ -272,16 +323,17 @@ func runLastChild(t *testing.T, env []string) canonical.Position {
 // short life streaming rather than waiting (it would cope either way).
 func awaitReleased(t *testing.T, srcConn, tgtConn *pgx.Conn, slot string) {
 	t.Helper()
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		var active bool
-		assert.NoError(c, srcConn.QueryRow(context.Background(),
+	var active bool
+	var sessions int
+	waitUntil(func() bool {
+		require.NoError(t, srcConn.QueryRow(context.Background(),
 			"SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active))
-		assert.False(c, active, "slot active")
-		var sessions int
-		assert.NoError(c, tgtConn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		require.NoError(t, tgtConn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = 'siphon'`).Scan(&sessions))
-		assert.Zero(c, sessions, "siphon sessions on the target")
-	}, 10*time.Second, 5*time.Millisecond)
+		return !active && sessions == 0
+	})
+	require.False(t, active, "slot active")
+	require.Zero(t, sessions, "siphon sessions on the target")
 }
 
 // faultChild is the fault test's child process: the change data capture
@@ -289,7 +341,7 @@ func awaitReleased(t *testing.T, srcConn, tgtConn *pgx.Conn, slot string) {
 // predecessor still holds the slot or the target's origin. It runs until
 // the transaction holding the end message is applied.
 func faultChild() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	slot, systemID := os.Getenv(faultChildSlot), os.Getenv(faultChildSystem)
 	// Acknowledge at once, so that kills land after acknowledgements too
@@ -427,7 +479,7 @@ var errConsumerStopped = errors.New("the consumer stopped")
 
 // awaitApplied waits until the target has applied pos.
 func awaitApplied(ctx context.Context, tgt *siphon.Conn, systemID, slot string, pos canonical.Position, consumed <-chan struct{}) error {
-	deadline := time.After(30 * time.Second)
+	deadline := time.After(waitDeadline)
 	for {
 		applied, err := tgt.AppliedPositionFor(ctx, systemID, slot)
 		if err != nil || applied >= pos {
@@ -437,7 +489,7 @@ func awaitApplied(ctx context.Context, tgt *siphon.Conn, systemID, slot string, 
 		case <-consumed:
 			return errConsumerStopped
 		case <-deadline:
-			return fmt.Errorf("the target did not apply %v within 30 s (it stands at %v)", pos, applied)
+			return fmt.Errorf("the target did not apply %v within %v (it stands at %v)", pos, waitDeadline, applied)
 		case <-time.After(time.Millisecond):
 		}
 	}

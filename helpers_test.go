@@ -24,6 +24,36 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
+// waitDeadline bounds every wait of the tests for something the code
+// guarantees will happen (a session ends, a slot is released, a
+// transaction is applied): work of milliseconds that a loaded machine or
+// the race detector may stretch to seconds, never to minutes. Only a hang
+// reaches it.
+const waitDeadline = 3 * time.Minute
+
+// waitUntil polls cond, with a short backoff, until it holds or
+// waitDeadline has passed, and reports whether it held. It runs cond on
+// the caller's goroutine.
+func waitUntil(cond func() bool) bool {
+	deadline := time.Now().Add(waitDeadline)
+	for pause := time.Millisecond; !cond(); pause = min(2*pause, 50*time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(pause)
+	}
+	return true
+}
+
+// waitFor waits until cond holds (see waitUntil), and fails the test,
+// saying what it waited for, if it still does not after waitDeadline.
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	if !waitUntil(cond) {
+		tb.Fatalf("%s: not within %v", what, waitDeadline)
+	}
+}
+
 // newDatabase returns a fresh database's DSN and an admin session on it,
 // closed when the test ends. When the test and its own cleanups are done,
 // and before the database is dropped, it checks that siphon left nothing
@@ -139,7 +169,7 @@ func emitMarker(t *testing.T, conn *pgx.Conn, marker string) {
 // returned.
 func streamUntil(t *testing.T, c *siphon.Conn, from canonical.Position, marker string) ([]canonical.Change, canonical.Position) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	var got []canonical.Change
 	seen := false

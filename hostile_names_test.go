@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,7 +63,7 @@ var hostileChanges = []string{
 func TestHostileNamesGoThroughEveryPath(t *testing.T) {
 	t.Parallel()
 	skipUnlessDumpClients(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitDeadline)
 	defer cancel()
 	srcDSN, srcConn := newDatabase(t)
 	replicaDSN, replicaConn := newDatabase(t)

@@ -3,7 +3,6 @@ package siphon_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -30,7 +29,7 @@ SELECT 'session pid ' || pid || ' named siphon (' || coalesce(state, '') || ': '
 FROM pg_stat_activity
 WHERE application_name = 'siphon' AND datname = current_database() AND backend_type <> 'walsender'`
 
-// assertNoLeaks waits (up to 10 s, since sessions end asynchronously) until
+// assertNoLeaks waits (up to waitDeadline: sessions end asynchronously) until
 // siphon has left nothing behind on the database dsn names: no replication
 // slot of that database except keepSlots, no walsender, no advisory lock
 // and no session named "siphon". Close every siphon.Conn on the database
@@ -46,12 +45,12 @@ func assertNoLeaks(t testing.TB, dsn string, keepSlots ...string) bool {
 	if keepSlots == nil {
 		keepSlots = []string{}
 	}
-	return assert.EventuallyWithT(t, func(c *assert.CollectT) {
-		left, err := leftovers(ctx, conn, keepSlots)
-		if assert.NoError(c, err) {
-			assert.Empty(c, left, "left behind by siphon")
-		}
-	}, 10*time.Second, 20*time.Millisecond)
+	var left []string
+	waitUntil(func() bool {
+		left, err = leftovers(ctx, conn, keepSlots)
+		return err == nil && len(left) == 0
+	})
+	return assert.NoError(t, err) && assert.Empty(t, left, "left behind by siphon")
 }
 
 func leftovers(ctx context.Context, conn *pgx.Conn, keepSlots []string) ([]string, error) {

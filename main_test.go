@@ -48,7 +48,8 @@ func childCmd(mode string, env ...string) *exec.Cmd {
 
 // runChild runs the child mode named mode to completion, with env added,
 // and returns its standard output. The test fails if the child fails or has
-// not exited within a minute; what names the child in the message.
+// not exited within waitDeadline and a minute (a child bounds its own work
+// by waitDeadline); what names the child in the message.
 func runChild(t *testing.T, what, mode string, env ...string) string {
 	t.Helper()
 	cmd := childCmd(mode, env...)
@@ -60,10 +61,10 @@ func runChild(t *testing.T, what, mode string, env ...string) string {
 	select {
 	case err := <-exited:
 		require.NoError(t, err, "%s\nstderr: %s", what, stderr.String())
-	case <-time.After(time.Minute):
+	case <-time.After(waitDeadline + time.Minute):
 		_ = cmd.Process.Kill()
 		<-exited
-		t.Fatalf("%s did not finish within a minute\nstderr: %s", what, stderr.String())
+		t.Fatalf("%s did not finish within %v\nstderr: %s", what, waitDeadline+time.Minute, stderr.String())
 	}
 	return stdout.String()
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -158,13 +157,13 @@ func TestIdleSlotTimeoutMakesALostSlot(t *testing.T) {
 	admin := connectOrFail(t, dsn)
 	execSQL(t, admin, `CREATE TABLE t (id int PRIMARY KEY)`)
 	c, slot, from := streamConnAt(t, dsn)
-	require.Eventually(t, func() bool {
+	waitFor(t, "the idle slot invalidated", func() bool {
 		var reason *string
 		execSQL(t, admin, "CHECKPOINT") // where idle slots are invalidated
 		require.NoError(t, admin.QueryRow(context.Background(),
 			"SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&reason))
 		return reason != nil && *reason == "idle_timeout"
-	}, 30*time.Second, 100*time.Millisecond, "the idle slot invalidated")
+	})
 
 	_, err := c.StreamChanges(context.Background(), from, func(canonical.Change) error { return nil })
 	var gap *siphon.ResumeGapError

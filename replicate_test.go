@@ -51,7 +51,7 @@ func (r *replicaRun) stop() (canonical.Position, error) {
 // ended.
 func waitApplied(t *testing.T, target *siphon.Conn, systemID, slot string, pos canonical.Position, r *replicaRun) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	waitFor(t, fmt.Sprintf("the target reaches %v", pos), func() bool {
 		select {
 		case <-r.done:
 			require.NoError(t, r.err, "Replicate stopped")
@@ -60,7 +60,7 @@ func waitApplied(t *testing.T, target *siphon.Conn, systemID, slot string, pos c
 		applied, err := target.AppliedPositionFor(context.Background(), systemID, slot)
 		require.NoError(t, err)
 		return applied >= pos
-	}, time.Minute, 10*time.Millisecond, "the target reaches %v", pos)
+	})
 }
 
 // TestReplicateMigratesARealSchema migrates the shop live: Replicate with
@@ -144,9 +144,9 @@ const (
 
 func init() { childModes["replicate"] = replicateChild }
 
-// replicateChild runs Replicate until killed (or for two minutes).
+// replicateChild runs Replicate until killed (or for waitDeadline).
 func replicateChild() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	src, err := siphon.Connect(ctx, os.Getenv(replicaChildSource), siphon.WithSlot(os.Getenv(replicaChildSlot)),
 		siphon.WithStatusInterval(10*time.Millisecond))
@@ -163,7 +163,13 @@ func replicateChild() error {
 		_, err := src.Replicate(ctx, tgt, siphon.ReplicateOptions{})
 		switch {
 		case errors.Is(err, siphon.ErrSlotInUse), errors.Is(err, siphon.ErrApplyInProgress):
-			time.Sleep(20 * time.Millisecond) // a killed predecessor's sessions are still going
+			// A killed predecessor's sessions are still going: try again
+			// shortly, for as long as ctx allows.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+			case <-time.After(20 * time.Millisecond):
+			}
 		case err != nil:
 			return err
 		default:
@@ -243,9 +249,9 @@ func TestKillReplicateAtRandomPoints(t *testing.T) {
 // that exits meanwhile is handed back on exited for its caller to report.
 func afterTargetMovesOn(t *testing.T, tgtConn *pgx.Conn, origin string, last canonical.Position, exited chan error) <-chan time.Time {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(waitDeadline)
 	for originProgress(t, tgtConn, origin) <= last {
-		require.True(t, time.Now().Before(deadline), "the replicate child applied nothing in a minute")
+		require.True(t, time.Now().Before(deadline), "the replicate child applied nothing within %v", waitDeadline)
 		select {
 		case err := <-exited:
 			exited <- err
@@ -284,7 +290,7 @@ func TestReplicateRefusals(t *testing.T) {
 	defer fresh.Close()
 	forgetAppliedPosition(t, freshDSN, systemIdentifier(t, connectOrFail(t, srcDSN)), slot)
 	run := startReplicate(t, c, fresh, siphon.ReplicateOptions{})
-	require.Eventually(t, func() bool { return slotActive(t, srcDSN, slot) }, 10*time.Second, 5*time.Millisecond)
+	waitFor(t, "Replicate takes the slot", func() bool { return slotActive(t, srcDSN, slot) })
 	_, err = c.Replicate(ctx, fresh, siphon.ReplicateOptions{})
 	require.ErrorIs(t, err, siphon.ErrAlreadyStreaming, "one stream of the slot at a time")
 	_, err = run.stop()

@@ -82,7 +82,7 @@ func generatedQuery(choice []byte, schema string) (query string, startOff bool, 
 	startOff = choice[0]&1 == 1
 	var parts []string
 	scsOn, controlled, splitting := !startOff, false, false
-	fired := 0 // statements so far that fire ddl_command_end
+	fired := 0                          // statements so far that fire ddl_command_end
 	switched, backslash := false, false // the query sets standard_conforming_strings; holds '\' in an ordinary string
 	for i, b := range choice[1:] {
 		if i == 6 {

@@ -89,7 +89,7 @@ func markedSessions(t *testing.T, admin *pgx.Conn, marker string) []markedSessio
 // session of marker at that moment.
 func awaitSession(t *testing.T, admin *pgx.Conn, marker string, match func(markedSession) bool) []markedSession {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(waitDeadline)
 	for {
 		sessions := markedSessions(t, admin, marker)
 		for _, s := range sessions {
@@ -98,7 +98,7 @@ func awaitSession(t *testing.T, admin *pgx.Conn, marker string, match func(marke
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no matching session of %s within 30 s; sessions: %v", marker, sessions)
+			t.Fatalf("no matching session of %s within %v; sessions: %v", marker, waitDeadline, sessions)
 		}
 		time.Sleep(time.Millisecond) // polling pg_stat_activity: there is nothing to wait on
 	}
@@ -240,8 +240,7 @@ func TestDSNSettingsReachEverySession(t *testing.T) {
 
 			require.NoError(t, c.Close())
 			assertNoLeaks(t, srcDSN, slot)
-			assert.Eventually(t, func() bool { return len(markedSessions(t, admin, marker)) == 0 },
-				10*time.Second, 10*time.Millisecond, "no session of the test's role left")
+			waitFor(t, "no session of the test's role left", func() bool { return len(markedSessions(t, admin, marker)) == 0 })
 		})
 	}
 }

@@ -120,7 +120,7 @@ func startSnapWriter(t testing.TB, dsn string) *snapWriter {
 // waitFor waits until the writer has committed n transactions.
 func (w *snapWriter) waitFor(t testing.TB, n int64) {
 	t.Helper()
-	require.Eventually(t, func() bool { return w.commits.Load() >= n || len(w.done) > 0 }, time.Minute, time.Millisecond)
+	waitFor(t, fmt.Sprintf("the writers commit %d transactions", n), func() bool { return w.commits.Load() >= n || len(w.done) > 0 })
 	require.GreaterOrEqual(t, w.commits.Load(), n, "the writer failed")
 }
 

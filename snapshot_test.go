@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -734,13 +733,13 @@ func TestSnapshotCopyCancelled(t *testing.T) {
 func snapWaitForLock(t *testing.T, admin *pgx.Conn, pid uint32, done chan error) {
 	t.Helper()
 	var waiting bool
-	require.Eventually(t, func() bool {
+	waitFor(t, "the session waits for a lock or its statement finishes", func() bool {
 		if len(done) > 0 {
 			return true
 		}
 		err := admin.QueryRow(context.Background(), `SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
 		return err == nil && waiting
-	}, time.Minute, time.Millisecond)
+	})
 	if !waiting {
 		err := <-done
 		done <- err

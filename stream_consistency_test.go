@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -387,7 +389,7 @@ func TestStreamMatchesTestDecoding(t *testing.T) {
 	sess := siphonSession(t, dsn)
 	var want []describedTx
 	var cur *describedTx
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(waitDeadline)
 	for done := false; !done; {
 		require.True(t, time.Now().Before(deadline), "test_decoding did not reach the marker")
 		rows, err := sess.Query(ctx, `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL, 'include-xids', '1', 'skip-empty-xacts', '0')`, tdSlot)
@@ -460,8 +462,10 @@ func TestStreamInterruptionsDeliverExactlyOnce(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, workloadSchema...)
 	execSQL(t, admin, "CREATE TABLE unpub (x text)")
+	var onStart atomic.Pointer[func()]
 	c, slot, start := streamConnAt(t, dsn, siphon.WithTables("w_kv", "w_toast", "w_full", "w_idx"),
-		siphon.WithStatusInterval(20*time.Millisecond), siphon.WithHeartbeat(30*time.Millisecond))
+		siphon.WithStatusInterval(20*time.Millisecond), siphon.WithHeartbeat(30*time.Millisecond),
+		siphon.WithLogger(slog.New(startHandler{&onStart})))
 
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -515,8 +519,15 @@ func TestStreamInterruptionsDeliverExactlyOnce(t *testing.T) {
 		if resume < slotConfirmed(t, killer, slot) {
 			runs["resume behind the slot"]++ // vouched for by a heartbeat
 		}
-		// Runs also end after a random while, even when idle.
-		runCtx, cancel := context.WithTimeout(ctx, time.Duration(20+rng.IntN(300))*time.Millisecond)
+		// Runs also end a random while after their stream started, even
+		// when idle: counted from the start, not from the call, so that a
+		// slow start (a loaded machine) does not use the run up.
+		runCtx, cancel := context.WithCancel(ctx)
+		end := time.Duration(20+rng.IntN(300)) * time.Millisecond
+		fire := sync.OnceFunc(func() {
+			time.AfterFunc(end, cancel)
+		})
+		onStart.Store(&fire)
 		pending = nil
 		pos, err := c.StreamChanges(runCtx, resume, func(ch canonical.Change) error {
 			if ch.Op == canonical.OpMessage && ch.Message.Prefix == markerPrefix {
@@ -571,6 +582,24 @@ func TestStreamInterruptionsDeliverExactlyOnce(t *testing.T) {
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
 }
+
+// startHandler calls the function onStart holds when a stream logs that it
+// starts (through the walsender or, catching up, the SQL interface).
+type startHandler struct{ onStart *atomic.Pointer[func()] }
+
+func (h startHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h startHandler) Handle(_ context.Context, rec slog.Record) error {
+	if rec.Message == "stream started" || rec.Message == catchUpStarted {
+		if f := h.onStart.Load(); f != nil {
+			(*f)()
+		}
+	}
+	return nil
+}
+
+func (h startHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h startHandler) WithGroup(string) slog.Handler      { return h }
 
 func uniq(xs []uint32) []uint32 {
 	seen := map[uint32]bool{}

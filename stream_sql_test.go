@@ -44,7 +44,7 @@ func collectUntilEnd(t *testing.T, c *siphon.Conn, from canonical.Position, onMa
 // collectUntil is collectUntilEnd until the marker end.
 func collectUntil(t *testing.T, c *siphon.Conn, from canonical.Position, end string, onMarker func(string)) ([]canonical.Change, canonical.Position) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	var got []canonical.Change
 	seen := false
@@ -218,11 +218,8 @@ func TestCatchUpDeliversWhatTheWalsenderDelivers(t *testing.T) {
 // writeOnceStarted waits until the log says the walsender started, then
 // writes a transaction, an update and the marker end.
 func writeOnceStarted(admin *pgx.Conn, logs *logRecorder, end string) error {
-	for deadline := time.Now().Add(time.Minute); len(logs.find(slog.LevelInfo, "stream started")) == 0; {
-		if time.Now().After(deadline) {
-			return errors.New("the walsender did not start")
-		}
-		time.Sleep(time.Millisecond)
+	if !waitUntil(func() bool { return len(logs.find(slog.LevelInfo, "stream started")) > 0 }) {
+		return errors.New("the walsender did not start")
 	}
 	for _, sql := range []string{
 		"INSERT INTO items VALUES (200000, 'after the catch-up', 2, NULL)",
@@ -285,7 +282,7 @@ func TestCatchUpIncrementalBound(t *testing.T) {
 		done <- err
 	}()
 	// The bound is read before the catch-up starts.
-	require.Eventually(t, func() bool { return len(logs.find(slog.LevelInfo, catchUpStarted)) > 0 }, 30*time.Second, time.Millisecond)
+	waitFor(t, "the catch-up starts", func() bool { return len(logs.find(slog.LevelInfo, catchUpStarted)) > 0 })
 	execSQL(t, admin, "INSERT INTO t VALUES (4, 'after the bound')")
 	require.NoError(t, <-done)
 
@@ -396,7 +393,7 @@ func TestCatchUpSlotInUse(t *testing.T) {
 		err := admin.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && active
 	}
-	require.Eventually(t, slotActive, 10*time.Second, 10*time.Millisecond)
+	waitFor(t, "the holder takes the slot", slotActive)
 	_, err = c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
 	assert.ErrorIs(t, err, siphon.ErrSlotInUse, "a slot in use is refused")
 	assert.Empty(t, logs.find(slog.LevelInfo, catchUpStarted))
@@ -420,7 +417,7 @@ func TestCatchUpSlotInUse(t *testing.T) {
 				_, err := other.StreamChanges(otherCtx, 0, func(canonical.Change) error { return nil })
 				otherDone <- err
 			}()
-			require.Eventually(t, slotActive, 10*time.Second, 10*time.Millisecond)
+			waitFor(t, "the other stream takes the slot", slotActive)
 			close(taken)
 		}
 		return nil
@@ -613,7 +610,7 @@ func TestCatchUpIncrementalSlotTakenMeanwhile(t *testing.T) {
 			_, err := other.StreamChanges(otherCtx, since, func(canonical.Change) error { return nil })
 			otherDone <- err
 		}()
-		require.Eventually(t, func() bool { return slotIsActive(t, admin, slot) }, 10*time.Second, 5*time.Millisecond)
+		waitFor(t, "the other stream takes the slot", func() bool { return slotIsActive(t, admin, slot) })
 	}}
 	_, err = c.BackupIncremental(ctx, since, w)
 	assert.ErrorIs(t, err, siphon.ErrSlotInUse, "the slot was taken meanwhile")

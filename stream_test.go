@@ -295,13 +295,13 @@ func TestStreamLostSlotIsAGap(t *testing.T) {
 	c, slot, from := streamConnAt(t, dsn)
 
 	execSQL(t, admin, "CREATE TABLE filler (x text)")
-	require.Eventually(t, func() bool {
+	waitFor(t, "the slot is invalidated", func() bool {
 		execSQL(t, admin, "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
 			"SELECT pg_switch_wal()", "CHECKPOINT")
 		var status string
 		require.NoError(t, admin.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&status))
 		return status == "lost"
-	}, time.Minute, 10*time.Millisecond, "the slot is invalidated")
+	})
 
 	for _, pos := range []canonical.Position{from, 0} {
 		_, err = c.StreamChanges(ctx, pos, func(canonical.Change) error { return nil })
@@ -342,13 +342,13 @@ func TestStreamIdleSlotAdvancesAndResumeFromLastCommitWorks(t *testing.T) {
 	var last canonical.Position
 	select {
 	case last = <-commits:
-	case <-time.After(30 * time.Second):
+	case <-time.After(waitDeadline):
 		t.Fatal("the first transaction was not streamed")
 	}
-	require.Eventually(t, func() bool {
+	waitFor(t, "the slot advances while only unpublished tables change", func() bool {
 		execSQL(t, admin, "INSERT INTO unpub SELECT repeat('y', 200) FROM generate_series(1, 100)")
 		return slotConfirmed(t, admin, slot) > last
-	}, 30*time.Second, 10*time.Millisecond, "the slot advances while only unpublished tables change")
+	})
 	stop()
 	res := <-done
 	require.NoError(t, res.err)
@@ -386,8 +386,7 @@ func TestStreamHeartbeatMovesAnIdleSlot(t *testing.T) {
 		_, err := c.StreamChanges(runCtx, start, func(canonical.Change) error { emitted.Add(1); return nil })
 		done <- err
 	}()
-	require.Eventually(t, func() bool { return slotConfirmed(t, admin, slot) > start }, 30*time.Second, 10*time.Millisecond,
-		"heartbeats advance a slot with no changes at all")
+	waitFor(t, "heartbeats advance a slot with no changes at all", func() bool { return slotConfirmed(t, admin, slot) > start })
 	stop()
 	require.NoError(t, <-done)
 	assert.Zero(t, emitted.Load(), "heartbeat messages are not emitted")
@@ -479,11 +478,11 @@ func TestStreamSlotInUse(t *testing.T) {
 		_, err := c.StreamChanges(runCtx, start, func(canonical.Change) error { return nil })
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
+	waitFor(t, "the stream takes the slot", func() bool {
 		var active bool
 		err := admin.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && active
-	}, 10*time.Second, 10*time.Millisecond)
+	})
 
 	_, err := c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
 	assert.ErrorIs(t, err, siphon.ErrAlreadyStreaming, "the same Conn says so at once")
@@ -519,7 +518,7 @@ func TestStreamSlowEmitKeepsTheSession(t *testing.T) {
 	var pids []int
 	inserts := 0
 	slept := false
-	ctxRun, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	ctxRun, cancel := context.WithTimeout(ctx, 2*waitDeadline)
 	defer cancel()
 	_, err = c.StreamChanges(ctxRun, start, func(ch canonical.Change) error {
 		switch ch.Op {
@@ -528,9 +527,21 @@ func TestStreamSlowEmitKeepsTheSession(t *testing.T) {
 			if !slept {
 				slept = true
 				var pid int
-				require.NoError(t, admin.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid))
+				var held time.Time
+				require.NoError(t, admin.QueryRow(ctx, "SELECT active_pid, now() FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid, &held))
 				pids = append(pids, pid)
-				time.Sleep(5 * time.Second) // a consumer slower than wal_sender_timeout
+				// A consumer slower than wal_sender_timeout: emit returns
+				// once the walsender has had a reply sent one and a half
+				// timeouts after emit began to hold (a walsender left
+				// without replies ends after one, and its row with it).
+				waitFor(t, "a reply to the walsender 1.5 wal_sender_timeout after emit began to hold", func() bool {
+					var past bool
+					err := admin.QueryRow(ctx, `SELECT coalesce(reply_time > $2::timestamptz + 1.5 * current_setting('wal_sender_timeout')::interval, false)
+						FROM pg_stat_replication WHERE pid = $1`, pid, held).Scan(&past)
+					require.NoError(t, err, "the walsender is gone")
+					return past
+				})
+				t.Logf("emit held for %v", time.Since(held).Round(time.Millisecond))
 			}
 		case canonical.OpCommit:
 			if inserts == rows+1 {
@@ -612,11 +623,11 @@ func TestBackupIncrementalBound(t *testing.T) {
 	}()
 	// The bound is read before the slot is taken: commit a transaction
 	// after it, while the capture is busy with the bulk insert.
-	require.Eventually(t, func() bool {
+	waitFor(t, "the incremental takes the slot", func() bool {
 		var active bool
 		err := admin.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && active
-	}, 30*time.Second, time.Millisecond)
+	})
 	execSQL(t, admin, "INSERT INTO t VALUES (4, 'after the bound')")
 	require.NoError(t, <-done)
 
@@ -665,7 +676,11 @@ func TestBackupIncrementalIdleReturnsPromptly(t *testing.T) {
 	ctx := context.Background()
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
-	c, slot, since := streamConnAt(t, dsn) // default status interval: 10s
+	// A status interval far longer than an idle incremental takes, even on
+	// a loaded machine: the capture must not wait for it (nor for a
+	// keepalive, every wal_sender_timeout/3 at most, 20 s by default).
+	const interval = 30 * time.Second
+	c, slot, since := streamConnAt(t, dsn, siphon.WithStatusInterval(interval))
 	for range 3 {
 		var buf bytes.Buffer
 		began := time.Now()
@@ -673,7 +688,7 @@ func TestBackupIncrementalIdleReturnsPromptly(t *testing.T) {
 		require.NoError(t, err)
 		took := time.Since(began)
 		t.Logf("idle incremental took %v", took)
-		assert.Less(t, took, 3*time.Second, "an idle database does not hold the capture")
+		assert.Less(t, took, interval/2, "an idle database does not hold the capture")
 		assert.Equal(t, since, end, "nothing committed: it ends where it started")
 		h, txs, recEnd := readIncremental(t, buf.Bytes())
 		assert.Equal(t, since, h.Start)

@@ -234,7 +234,7 @@ func TestClusterSurvivesKillsAndNodeLoss(t *testing.T) {
 		// Some progress first, a random amount; on odd rounds the kill
 		// waits for the stream to end inside a transaction.
 		target := lastSeq(t, s) + 50 + rand.Uint64N(400)
-		waitFor(t, time.Minute, "the child publishes", func() bool {
+		waitFor(t, "the child publishes", func() bool {
 			return lastSeq(t, s) >= target && (round%2 == 0 || !endsWithMarker(t, s))
 		})
 		if round == kills/2 {
@@ -242,10 +242,10 @@ func TestClusterSurvivesKillsAndNodeLoss(t *testing.T) {
 			leader := c.node(t, streamLeader(t, s))
 			c.stop(leader)
 			target := lastSeq(t, s) + 200
-			waitFor(t, time.Minute, "the child publishes to the two nodes left", func() bool { return lastSeq(t, s) >= target })
+			waitFor(t, "the child publishes to the two nodes left", func() bool { return lastSeq(t, s) >= target })
 			c.start(t, leader)
 			target = lastSeq(t, s) + 200
-			waitFor(t, time.Minute, "the child publishes with the node back", func() bool { return lastSeq(t, s) >= target })
+			waitFor(t, "the child publishes with the node back", func() bool { return lastSeq(t, s) >= target })
 		}
 		require.NoError(t, child.Process.Kill())
 		_ = child.Wait()
@@ -272,7 +272,7 @@ func TestClusterSurvivesKillsAndNodeLoss(t *testing.T) {
 	require.NoError(t, last.Wait(), "the last child stops cleanly on SIGTERM\nstderr: %s", stderr.String())
 	assert.Equal(t, fmt.Sprintf("held %v\n", end), out.String())
 
-	waitFor(t, time.Minute, "every replica is current", func() bool { return replicasCurrent(t, s) })
+	waitFor(t, "every replica is current", func() bool { return replicasCurrent(t, s) })
 	checkMessages(t, storedMessages(t, s), expectMessages("k", changes), sourceSystemID(t, admin), slot)
 	replayed, _ := consumeUntil(t, s, natsjs.ConsumeConfig{Prefix: "k"}, end)
 	assert.Equal(t, throughStream(changes, nil), replayed, "a consumer started afterwards replays it all")
@@ -292,7 +292,7 @@ func lastSeq(t *testing.T, s jetstream.Stream) uint64 {
 // endsWithMarker reports whether the stream's last message is a commit
 // marker (the stream ends between transactions).
 func endsWithMarker(t *testing.T, s jetstream.Stream) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	m, err := s.GetLastMsgForSubject(ctx, "k.>")
 	return err == nil && m.Subject == natsjs.CommitSubject("k")
@@ -302,7 +302,7 @@ func endsWithMarker(t *testing.T, s jetstream.Stream) bool {
 func streamLeader(t *testing.T, s jetstream.Stream) string {
 	t.Helper()
 	var leader string
-	waitFor(t, time.Minute, "the stream has a leader", func() bool {
+	waitFor(t, "the stream has a leader", func() bool {
 		info, err := s.Info(context.Background())
 		if err == nil && info.Cluster != nil {
 			leader = info.Cluster.Leader
@@ -331,7 +331,7 @@ func replicasCurrent(t *testing.T, s jetstream.Stream) bool {
 // child's walsender has exited).
 func awaitSlotReleased(t *testing.T, admin *pgx.Conn, slot string) {
 	t.Helper()
-	waitFor(t, time.Minute, "the killed child's walsender exits", func() bool {
+	waitFor(t, "the killed child's walsender exits", func() bool {
 		var active bool
 		err := admin.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && !active

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -20,7 +19,7 @@ import (
 // returns what it delivered and returned.
 func consumeUntil(t *testing.T, s jetstream.Stream, cfg natsjs.ConsumeConfig, end canonical.Position) ([]canonical.Change, canonical.Position) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	var got []canonical.Change
 	reached := false
@@ -157,7 +156,7 @@ func TestConsumeStopsAtAForeignMessage(t *testing.T) {
 	srv := startNATS(t)
 	_, js := connectNATS(t, srv.ClientURL())
 	s := createStream(t, js, "FOREIGN", "f", 1)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	_, err := js.Publish(ctx, "f.public.t", []byte(`{"t":"commit"}`))
 	require.NoError(t, err)

@@ -111,7 +111,7 @@ func createStream(tb testing.TB, js jetstream.JetStream, name, prefix string, re
 	cfg := natsjs.StreamConfig(name, prefix)
 	cfg.Replicas = replicas
 	var s jetstream.Stream
-	waitFor(tb, 30*time.Second, "the stream is created", func() bool {
+	waitFor(tb, "the stream is created", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		var err error
@@ -121,13 +121,20 @@ func createStream(tb testing.TB, js jetstream.JetStream, name, prefix string, re
 	return s
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+// waitDeadline bounds every wait of the tests for something the code
+// guarantees will happen: work of milliseconds that a loaded machine or the
+// race detector may stretch to seconds, never to minutes. Only a hang
+// reaches it.
+const waitDeadline = 3 * time.Minute
+
+// waitFor polls cond until it holds, failing the test, saying what it
+// waited for, after waitDeadline.
+func waitFor(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(waitDeadline)
 	for !cond() {
 		if time.Now().After(deadline) {
-			tb.Fatalf("%s: not within %v", what, timeout)
+			tb.Fatalf("%s: not within %v", what, waitDeadline)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -260,7 +267,7 @@ func storedMessages(tb testing.TB, s jetstream.Stream) []*jetstream.RawStreamMsg
 // returns every change.
 func slotChanges(tb testing.TB, dsn, slot string, last func(canonical.Change) bool) []canonical.Change {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot))
 	require.NoError(tb, err)

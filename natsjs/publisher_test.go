@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -213,7 +214,7 @@ func TestPublisherResumesInsideATransaction(t *testing.T) {
 	first, err := natsjs.NewPublisher(nc, pubCfg)
 	require.NoError(t, err)
 	run := runPublisher(t, first, dsn)
-	waitFor(t, time.Minute, "the stream holds part of the large transaction", func() bool {
+	waitFor(t, "the stream holds part of the large transaction", func() bool {
 		info, err := s.Info(context.Background())
 		return err == nil && info.State.Msgs >= rows/4
 	})
@@ -224,9 +225,9 @@ func TestPublisherResumesInsideATransaction(t *testing.T) {
 	last := stored[len(stored)-1]
 	assert.Equal(t, "r.public.items", last.Subject, "the stream ends inside a transaction")
 	assert.Equal(t, heldEnd(t, s, "r"), held, "Run returns the end of the last whole transaction")
-	// Time, not an event: once the window has passed, JetStream would store
-	// a message sent again as a new one.
-	time.Sleep(2 * window)
+	// Once the window has passed, JetStream would store a message sent
+	// again as a new one.
+	awaitForgotten(t, js, last)
 
 	second, err := natsjs.NewPublisher(nc, pubCfg)
 	require.NoError(t, err)
@@ -236,6 +237,35 @@ func TestPublisherResumesInsideATransaction(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, end, held)
 	checkMessages(t, storedMessages(t, s), expectMessages("r", changes), sourceSystemID(t, admin), slot)
+}
+
+// awaitForgotten waits until the stream's duplicate window no longer holds
+// m's Nats-Msg-Id (nor, the window being a time, any id stored before it).
+// It asks the server itself: m sent again expecting another last message
+// id is acknowledged as a duplicate while the id is held, and refused for
+// the wrong last id once it is not (JetStream checks duplicates first), so
+// the probe is never stored.
+func awaitForgotten(t *testing.T, js jetstream.JetStream, m *jetstream.RawStreamMsg) {
+	t.Helper()
+	id := m.Header.Get(nats.MsgIdHdr)
+	require.NotEmpty(t, id)
+	duplicates := 0
+	waitFor(t, "the duplicate window forgets "+id, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: m.Subject},
+			jetstream.WithMsgID(id), jetstream.WithExpectLastMsgID("not-"+id))
+		if err == nil {
+			require.True(t, ack.Duplicate, "the probe was stored: %+v", ack)
+			duplicates++
+			return false
+		}
+		var apiErr *jetstream.APIError
+		require.ErrorAs(t, err, &apiErr, "the probe")
+		require.EqualValues(t, server.JSStreamWrongLastMsgIDErrF, apiErr.ErrorCode, "the probe: %v", err)
+		return true
+	})
+	t.Logf("the duplicate window forgot %s after %d probes seen as duplicates", id, duplicates)
 }
 
 // TestPublisherSurvivesNATSRestart stops the NATS server while a Publisher
@@ -264,10 +294,10 @@ func TestPublisherSurvivesNATSRestart(t *testing.T) {
 		}
 	}
 	insert(0, 50)
-	waitFor(t, time.Minute, "some transactions published", func() bool { return heldEnd(t, s, "n") > 0 })
+	waitFor(t, "some transactions published", func() bool { return heldEnd(t, s, "n") > 0 })
 	stopServer(srv)
 	insert(50, 100) // while NATS is down
-	waitFor(t, time.Minute, "the Publisher meets the failure", func() bool { return warned.n.Load() > 0 })
+	waitFor(t, "the Publisher meets the failure", func() bool { return warned.n.Load() > 0 })
 	srv = startServer(t, opts)
 	insert(100, 150)
 	changes := slotChanges(t, dsn, direct, insertOf("items", "149"))
@@ -306,7 +336,7 @@ func TestPublisherRefusesAStreamNotItsOwn(t *testing.T) {
 	} {
 		pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: tt.stream, Prefix: tt.prefix, Slot: slot})
 		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		ctx, cancel := context.WithTimeout(ctx, waitDeadline)
 		_, err = pub.Run(ctx, dsn)
 		cancel()
 		var mismatch *natsjs.StreamMismatchError
@@ -355,7 +385,7 @@ func TestPublisherRefusesAChangeTooLarge(t *testing.T) {
 	createStream(t, js, "LARGE", "l", 1)
 	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: "LARGE", Prefix: "l", Slot: slot})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
 	_, err = pub.Run(ctx, dsn)
 	var large *natsjs.MessageTooLargeError

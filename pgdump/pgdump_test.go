@@ -346,7 +346,9 @@ func TestKilledProcessLeavesNoPassword(t *testing.T) {
 	require.Error(t, cmd.Wait(), "killed")
 	waited = true
 
-	deadline := time.Now().Add(30 * time.Second)
+	// It goes at once, or in seconds on a loaded machine; only a hang
+	// reaches the deadline.
+	deadline := time.Now().Add(3 * time.Minute)
 	for len(childrenOf(t, 0, "pg_dump", marker)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -468,7 +470,9 @@ func TestStubbornProgramIsKilledAfterWaitDelay(t *testing.T) {
 	require.Len(t, procs, 1)
 	w.cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
-	assert.Less(t, time.Since(start), 10*time.Second)
+	// 200 ms and a process start or two, seconds on a loaded machine:
+	// far from the 300 s the program would take if nothing killed it.
+	assert.Less(t, time.Since(start), time.Minute)
 	for _, pgid := range procs {
 		assert.True(t, groupGone(pgid), "SIGKILL reached the whole group, the ignoring child included")
 	}

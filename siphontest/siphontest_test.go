@@ -113,7 +113,7 @@ func TestLaunchedServerGoneWhenProcessKilled(t *testing.T) {
 	assert.Eventually(t, func() bool {
 		_, err := os.Stat(dataDir)
 		return os.IsNotExist(err)
-	}, 20*time.Second, 50*time.Millisecond, "server directory removed after the launching process died")
+	}, 3*time.Minute, 50*time.Millisecond, "server directory removed after the launching process died")
 	assert.False(t, postgresRunningIn(dataDir), "no postgres process left for %s", dataDir)
 }
 

@@ -40,7 +40,7 @@ func TestDemo(t *testing.T) {
 // SIPHON_DSN and NATS_URL set: a database of the test server, a nats-server
 // in the test.
 func TestPublishAndConsumeOnYourServers(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitDeadline)
 	defer cancel()
 	dsn := siphontest.Start(t).NewDatabase(t)
 	ns, err := startNATS(t.TempDir())
@@ -57,7 +57,7 @@ func TestPublishAndConsumeOnYourServers(t *testing.T) {
 	var pubOut, conOut lockedBuffer
 	done := make(chan error, 2)
 	go func() { done <- publish(runCtx, dsn, ns.ClientURL(), cfg, &pubOut) }()
-	waitFor(t, func() bool {
+	waitFor(t, "the publisher creates its slot", func() bool {
 		var n int
 		return conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", cfg.slot).Scan(&n) == nil && n == 1
 	})
@@ -66,7 +66,7 @@ func TestPublishAndConsumeOnYourServers(t *testing.T) {
 		require.NoError(t, err)
 	}
 	go func() { done <- consume(runCtx, ns.ClientURL(), cfg, &conOut) }()
-	waitFor(t, func() bool { return strings.Contains(conOut.String(), "insert public.orders id=42 commit") })
+	waitFor(t, "the consumer prints the order", func() bool { return strings.Contains(conOut.String(), "insert public.orders id=42 commit") })
 	stop()
 	require.NoError(t, <-done)
 	require.NoError(t, <-done)
@@ -76,13 +76,19 @@ func TestPublishAndConsumeOnYourServers(t *testing.T) {
 		"the notes transaction arrives as its begin and commit alone")
 }
 
-// waitFor polls cond until it holds, failing the test after a minute.
-func waitFor(t *testing.T, cond func() bool) {
+// waitDeadline bounds the test's waits for what the example guarantees
+// will happen: work of milliseconds that a loaded machine or the race
+// detector may stretch to seconds, never to minutes.
+const waitDeadline = 3 * time.Minute
+
+// waitFor polls cond until it holds, failing the test, saying what it
+// waited for, after waitDeadline.
+func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(waitDeadline)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("not within a minute")
+			t.Fatalf("%s: not within %v", what, waitDeadline)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

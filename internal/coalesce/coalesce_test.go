@@ -70,14 +70,16 @@ func TestCoalescingConnBurstThenTrickle(t *testing.T) {
 	}
 
 	// A lone small message after the burst is read promptly, although it is
-	// below the low-water mark if that is still up.
+	// below the low-water mark if that is still up: in about coalesceWait,
+	// where a read that waited for the mark would wait forever (nothing
+	// more comes). The bound leaves room for a loaded machine.
 	began := time.Now()
 	_, err := w.Write([]byte("tail"))
 	require.NoError(t, err)
 	n, err := io.ReadFull(r, buf[:4])
 	require.NoError(t, err)
 	assert.Equal(t, "tail", string(buf[:n]))
-	assert.Less(t, time.Since(began), 500*time.Millisecond)
+	assert.Less(t, time.Since(began), 10*time.Second)
 }
 
 // TestCoalescingConnDeadlineWakesReader: a read blocked on the socket
@@ -106,7 +108,7 @@ func TestCoalescingConnDeadlineWakesReader(t *testing.T) {
 	select {
 	case err := <-done:
 		assert.True(t, errors.Is(err, os.ErrDeadlineExceeded), "got %v", err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the read was not woken by the deadline")
 	}
 }
@@ -124,5 +126,5 @@ func waitBlockedInRead(t *testing.T) {
 			}
 		}
 		return false
-	}, 10*time.Second, time.Millisecond, "the reader blocks on the socket")
+	}, time.Minute, time.Millisecond, "the reader blocks on the socket")
 }
