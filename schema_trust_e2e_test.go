@@ -248,7 +248,9 @@ func TestSchemaTrustE2EUntrustedRoleChangesNothing(t *testing.T) {
 // mal, where it landed on the source (the search_path is the source's
 // effective schemas), not in the schema named like her that only the
 // target has; of CREATE TEMP TABLE ledger; DROP TABLE ledger; DROP TABLE
-// mal.t2, the target drops mal.t2 and keeps public.ledger.
+// mal.t2, the target drops mal.t2 and keeps public.ledger. Her GRANT on
+// a temporary table shadowing public.payroll, with role-dependent changes
+// opted in too, runs as her and fails: she gets no UPDATE on payroll.
 func TestSchemaTrustE2ETrustedRoleRunsAsSource(t *testing.T) {
 	t.Parallel()
 	p := newE2EPair(t)
@@ -266,7 +268,20 @@ func TestSchemaTrustE2ETrustedRoleRunsAsSource(t *testing.T) {
 	assert.Equal(t, m, owner, "made as her")
 	assert.Empty(t, relationsNamed(t, p.tgt, "t2"), "DROP TABLE mal.t2 ran")
 	assert.Equal(t, []string{"public.ledger"}, relationsNamed(t, p.tgt, "ledger"), "DROP TABLE ledger (her temporary one) did not")
-	p.finish(t, target)
+	require.NoError(t, target.Close())
+
+	// Her GRANT on a temporary table shadowing public.payroll, trusted and
+	// with role-dependent changes opted in: it runs as her on the target,
+	// where she may grant nothing on public.payroll.
+	execSQL(t, p.her, "CREATE TEMP TABLE payroll (id int)", "GRANT UPDATE ON payroll TO "+m)
+	opted := p.target(t, siphon.WithTrustedSchemaRoles(m), siphon.WithRoleDependentSchemaChanges())
+	err := p.replicate(t, opted)
+	var sce *siphon.SchemaChangeError
+	require.ErrorAs(t, err, &sce, "the GRANT fails as her on the target")
+	assert.Equal(t, "GRANT", sce.Tag)
+	assert.ErrorContains(t, err, "permission denied")
+	assert.False(t, hasPrivilege(t, p.tgt, m, "public.payroll", "UPDATE"), "she may not UPDATE the target's payroll")
+	p.finish(t, opted)
 }
 
 // relationsNamed lists the relations called name, schema-qualified.
