@@ -57,7 +57,7 @@ func TestSchemaCaptureForReplicationRole(t *testing.T) {
 			var start canonical.Position
 			var err error
 			if order == "publication first" {
-				first := connect(t, roleDSN, roleOpts...)
+				first := connect(t, roleDSN, append(roleOpts, siphon.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))...)
 				start, err = first.CurrentPosition(ctx)
 				require.NoError(t, err)
 				require.NoError(t, first.Close())
