@@ -63,7 +63,10 @@ type tracker struct {
 }
 
 // applyEnvQuery returns the database's OID, whether the current role may
-// use replication origins, and whether the bookkeeping table exists.
+// use replication origins, and whether the bookkeeping table exists (read
+// from the catalog: to_regclass fails for a role without USAGE on schema
+// siphon, as a source's REPLICATION role is where a superuser installed
+// the capture).
 const applyEnvQuery = `
 SELECT d.oid::int8,
        coalesce(current_setting('max_active_replication_origins', true), current_setting('max_replication_slots'))::int > 0
@@ -74,7 +77,8 @@ SELECT d.oid::int8,
           AND p.proname IN ('pg_replication_origin_create', 'pg_replication_origin_oid',
                             'pg_replication_origin_session_setup', 'pg_replication_origin_session_reset',
                             'pg_replication_origin_xact_setup', 'pg_replication_origin_progress')),
-       to_regclass('siphon.applied_position') IS NOT NULL
+       EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE n.nspname = 'siphon' AND c.relname = 'applied_position')
 FROM pg_database d WHERE d.datname = current_database()`
 
 // applyEnv is what the target offers for keeping the applied Position.
