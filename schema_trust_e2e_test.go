@@ -426,8 +426,9 @@ func TestSchemaTrustE2ESecretsStayOut(t *testing.T) {
 
 	var inc bytes.Buffer
 	_, err := reader.BackupIncremental(ctx, readerStart, &inc)
-	assert.NoError(t, err, "an incremental backup of a source where a user mapping was made")
+	require.NoError(t, err, "an incremental backup of a source where a user mapping was made")
 	check("the incremental backup", inc.String())
+	assert.Contains(t, inc.String(), "may carry a secret", "the backup carries the mapping as a problem, for the apply to stop there")
 	emitMarker(t, p.src, "end")
 	changes, _ := streamUntil(t, reader, readerStart, "end")
 	ddl := ddlOf(changes)

@@ -18,6 +18,10 @@ func TestDDLTrustFieldsRoundTrip(t *testing.T) {
 			SearchPath: `"mal", "public"`, Role: "owner_role", SessionRole: "mallory", Installer: "postgres"},
 		{Tag: "GRANT", Statement: "GRANT SELECT ON t TO app", SearchPath: "", Role: "dba", SessionRole: "dba", Superuser: true, Installer: "dba"},
 		{Tag: "CREATE TABLE", Statement: "CREATE TABLE x ()", SearchPath: `"public"`},
+		// A change whose statement was not carried (it may hold a secret)
+		// travels with its problem alone.
+		{Tag: "CREATE USER MAPPING", SearchPath: `"public"`, Role: "dba", SessionRole: "dba", Superuser: true,
+			Problem: "the CREATE USER MAPPING may carry a secret"},
 	}
 	data := encode(t, testHeader, func(e *Encoder) {
 		require.NoError(t, e.WriteChange(&Change{Op: OpBegin, XID: 7, Position: 0x10, CommitTime: testTime}))
@@ -27,7 +31,7 @@ func TestDDLTrustFieldsRoundTrip(t *testing.T) {
 		require.NoError(t, e.WriteChange(&Change{Op: OpCommit, XID: 7, Position: 0x20, CommitTime: testTime}))
 		require.NoError(t, e.WriteEnd(0x20))
 	})
-	assert.Equal(t, 1, bytes.Count(data, []byte(`"superuser":true`)), "superuser is written only when true")
+	assert.Equal(t, 2, bytes.Count(data, []byte(`"superuser":true`)), "superuser is written only when true")
 	assert.Equal(t, 0, bytes.Count(data, []byte(`"superuser":false`)))
 	_, recs, err := decodeAll(data)
 	require.NoError(t, err)

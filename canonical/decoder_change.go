@@ -69,8 +69,8 @@ func (d *Decoder) changeRecord(op Op) (Record, error) {
 		if !d.inTx {
 			return Record{}, fmt.Errorf("%w: ddl outside a transaction (no begin)", ErrOrder)
 		}
-		if len(f.statement) == 0 {
-			return Record{}, fmt.Errorf("%w: a ddl record without a statement", ErrInvalidRecord)
+		if len(f.statement) == 0 && len(f.problem) == 0 {
+			return Record{}, fmt.Errorf("%w: a ddl record without a statement or a problem", ErrInvalidRecord)
 		}
 		ch.DDL = &DDL{Tag: string(f.tag), Statement: string(f.statement), SearchPath: string(f.searchPath),
 			Role: string(f.role), Problem: string(f.problem), Objects: f.objects,

@@ -284,8 +284,8 @@ func (e *Encoder) writeDDL(ch *Change, rec string) error {
 // appendDDL appends the members of a ddl record after its "t".
 func appendDDL(b []byte, ch *Change, rec string) ([]byte, error) {
 	d := ch.DDL
-	if d == nil || d.Statement == "" {
-		return b, &EncodeError{Record: rec, Err: fmt.Errorf("%w: a ddl change without a statement", ErrInvalidRecord)}
+	if d == nil || d.Statement == "" && d.Problem == "" {
+		return b, &EncodeError{Record: rec, Err: fmt.Errorf("%w: a ddl change without a statement or a problem", ErrInvalidRecord)}
 	}
 	fail := func(what string, bad int) error {
 		return &EncodeError{Record: rec, Err: fmt.Errorf("%s: %w", what, utf8Error(bad))}

@@ -152,7 +152,8 @@ func testSlot(t testing.TB) string {
 }
 
 // newSource returns a fresh database with the given tables and an admin
-// session on it, and creates each slot (publication first) before any
+// session on it, installs the schema capture, and creates each slot
+// (publication first) before any
 // change, so each slot's stream holds every change made next. It returns
 // the slots' start.
 func newSource(t testing.TB, ddl []string, slots ...string) (string, *pgx.Conn, canonical.Position) {
@@ -170,6 +171,9 @@ func newSource(t testing.TB, ddl []string, slots ...string) (string, *pgx.Conn, 
 	for _, slot := range slots {
 		c, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot))
 		require.NoError(t, err)
+		if start == 0 {
+			require.NoError(t, c.InstallSchemaCapture(ctx), "schema changes are published too")
+		}
 		pos, err := c.CurrentPosition(ctx)
 		c.Close()
 		require.NoError(t, err)
