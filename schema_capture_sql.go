@@ -35,8 +35,6 @@ const captureVersion = "siphon schema capture 2"
 const (
 	captureTable         = "siphon.schema_changes"
 	captureTableName     = "schema_changes"
-	captureRegistry      = "siphon.capture_publications"
-	captureCallerFunc    = "capture_caller"
 	captureCallerTrig    = "siphon_capture_caller" // sorts before the others: it fires first
 	captureEndTrigger    = "siphon_capture_ddl"
 	captureDropTrigger   = "siphon_capture_drop"

@@ -2,52 +2,9 @@ package sqltext
 
 import (
 	"slices"
-	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 )
-
-// createModifiers are the words that may come between CREATE and the kind
-// of object it creates without changing the command tag: CREATE UNIQUE
-// INDEX is tagged CREATE INDEX, CREATE OR REPLACE VIEW is CREATE VIEW.
-var createModifiers = []string{"OR", "REPLACE", "UNIQUE", "TEMP", "TEMPORARY", "UNLOGGED", "GLOBAL", "LOCAL",
-	"RECURSIVE", "CONSTRAINT", "TRUSTED", "PROCEDURAL", "DEFAULT"}
-
-// MatchesTag reports whether PostgreSQL gives stmt the command tag tag
-// ("ALTER TABLE", "CREATE INDEX"...), as far as its leading keywords tell.
-func MatchesTag(stmt, tag string) bool {
-	words := leadingWords(stmt, 8)
-	switch tag {
-	case "SELECT INTO":
-		return len(words) > 0 && (words[0] == "SELECT" || words[0] == "WITH")
-	case "CREATE TABLE AS":
-		tag = "CREATE TABLE" // CREATE TABLE name AS ...: the name comes first
-	}
-	if len(words) > 0 && words[0] == "CREATE" {
-		i := 1
-		for i < len(words) && slices.Contains(createModifiers, words[i]) {
-			i++
-		}
-		words = append(words[:1], words[i:]...)
-	}
-	want := strings.Fields(tag)
-	return len(want) > 0 && len(words) >= len(want) && slices.Equal(words[:len(want)], want)
-}
-
-// leadingWords returns the statement's first words, upper case, up to n
-// and up to its first token that is not a word.
-func leadingWords(stmt string, n int) []string {
-	lx := lexer{src: stmt}
-	var words []string
-	for len(words) < n {
-		tok, ok := lx.next()
-		if !ok || tok.kind != tokWord {
-			break
-		}
-		words = append(words, strings.ToUpper(tok.text))
-	}
-	return words
-}
 
 // concurrentTags are the commands whose CONCURRENTLY form cannot run
 // inside a transaction block, and means nothing but "take weaker locks".
