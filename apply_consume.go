@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -559,8 +560,42 @@ func (s *applySession) copyFrom(ctx context.Context, r io.Reader, sql string) er
 	if err := s.await(); err != nil {
 		return err
 	}
-	_, err := s.pg.CopyFrom(ctx, r, sql)
+	return copyFromGuarded(ctx, s.pg, r, sql)
+}
+
+// copyFromGuarded runs pgconn's CopyFrom from r and returns only once
+// nothing reads r any more. pgconn reads r in a goroutine of its own,
+// which it does not wait for when the server or the connection fails
+// mid-copy: that goroutine would go on reading the stream while the apply
+// reads it too (a data race the race detector found under load).
+func copyFromGuarded(ctx context.Context, pg *pgconn.PgConn, r io.Reader, sql string) error {
+	g := &stoppableReader{r: r}
+	_, err := pg.CopyFrom(ctx, g, sql)
+	g.stop()
 	return err
+}
+
+// stoppableReader is an io.Reader that reads nothing once stopped; stop
+// waits for a Read in progress.
+type stoppableReader struct {
+	mu      sync.Mutex
+	r       io.Reader
+	stopped bool
+}
+
+func (g *stoppableReader) Read(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return 0, io.EOF
+	}
+	return g.r.Read(p)
+}
+
+func (g *stoppableReader) stop() {
+	g.mu.Lock()
+	g.stopped = true
+	g.mu.Unlock()
 }
 
 // copyInBackground starts a COPY from rd, which must read nothing but
@@ -572,7 +607,7 @@ func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.pg.CopyFrom(ctx, rd, sql)
+		err := copyFromGuarded(ctx, s.pg, rd, sql)
 		if rd.err != nil {
 			err = rd.err
 		}

@@ -24,6 +24,7 @@ type fuzzFragment struct {
 	offOnly bool // valid SQL only with standard_conforming_strings off
 	control bool // transaction control that commits or uses savepoints
 	fires   int  // statements that fire ddl_command_end (replayed or not)
+	opens   bool // opens a transaction block the query must commit at its end
 }
 
 // fuzzFragments are the pieces FuzzReplayStatements builds query strings
@@ -66,7 +67,7 @@ var fuzzFragments = []fuzzFragment{
 	{sql: func(s string, n int) string { return "SET standard_conforming_strings = off" }, setsSCS: -1},
 	{sql: func(s string, n int) string { return "SET standard_conforming_strings = on" }, setsSCS: 1},
 	{sql: func(s string, n int) string { return "BEGIN; SAVEPOINT sp; RELEASE sp; COMMIT" }, control: true},
-	{sql: func(s string, n int) string { return "BEGIN" }},
+	{sql: func(s string, n int) string { return "BEGIN" }, opens: true},
 }
 
 // generatedQuery builds a query string from choice, to run in a session
@@ -81,7 +82,7 @@ func generatedQuery(choice []byte, schema string) (query string, startOff bool, 
 	}
 	startOff = choice[0]&1 == 1
 	var parts []string
-	scsOn, controlled, splitting := !startOff, false, false
+	scsOn, controlled, splitting, open := !startOff, false, false, false
 	fired := 0                          // statements so far that fire ddl_command_end
 	switched, backslash := false, false // the query sets standard_conforming_strings; holds '\' in an ordinary string
 	for i, b := range choice[1:] {
@@ -93,6 +94,7 @@ func generatedQuery(choice []byte, schema string) (query string, startOff bool, 
 			continue
 		}
 		parts = append(parts, fr.sql(schema, i))
+		open = open && !fr.control || fr.opens
 		switched, backslash = switched || fr.setsSCS != 0, backslash || fr.offOnly
 		if fr.control && fired > 0 {
 			controlled = true
@@ -126,6 +128,9 @@ func generatedQuery(choice []byte, schema string) (query string, startOff bool, 
 			want[i] = "PROBLEM"
 		}
 	}
+	if open {
+		parts = append(parts, "COMMIT") // after the last change: it splits nothing
+	}
 	return strings.Join(parts, "; "), startOff, want
 }
 
@@ -138,7 +143,7 @@ func generatedQuery(choice []byte, schema string) (query string, startOff bool, 
 // the query as the generator meant is checked too: the table a misread
 // string would have dropped is still there.
 func FuzzReplayStatements(f *testing.F) {
-	for _, seed := range [][]byte{{0, 0}, {0, 1, 2, 8}, {1, 3, 0, 10, 7}, {1, 0, 9}, {0, 5, 0}, {0, 6, 4, 1}, {0, 11, 0, 7}, {1, 10, 3, 0}, {0, 9, 0, 10, 2, 1}} {
+	for _, seed := range [][]byte{{0, 0}, {0, 1, 2, 8}, {1, 3, 0, 10, 7}, {1, 0, 9}, {0, 5, 0}, {0, 6, 4, 1}, {0, 11, 0, 7}, {1, 10, 3, 0}, {0, 9, 0, 10, 2, 1}, {0, 1, 12, 8}, {0, 12, 0, 11, 0}} {
 		f.Add(seed)
 	}
 	srv := siphontest.Start(f)
@@ -179,6 +184,9 @@ func FuzzReplayStatements(f *testing.F) {
 		}
 		if _, err := admin.Exec(ctx, query); err != nil {
 			t.Fatalf("the generated query failed on the server: %v\n%s", err, query)
+		}
+		if status := admin.PgConn().TxStatus(); status != 'I' {
+			t.Fatalf("the generated query left the session in a transaction (%c):\n%s", status, query)
 		}
 		execSQL(t, admin, "RESET standard_conforming_strings")
 		var victim bool
