@@ -8,7 +8,7 @@ import (
 	"github.com/siphondb/siphon/internal/sqltext"
 )
 
-// Who a target trusts with schema changes (issue 24). A schema change is
+// Who a target trusts with schema changes (see SECURITY.md). A schema change is
 // code the target runs, so it runs only when the source role that ran it
 // is trusted, and as that role:
 //   - trusted are the source's superusers (DDL.Superuser), the role that

@@ -19,7 +19,7 @@ import (
 	"github.com/siphondb/siphon/canonical"
 )
 
-// The apply side of issue 24's "the target never grants more than the
+// The apply side of "the target never grants more than the
 // source had". The schema changes here are hand-made ddl records, as the
 // capture writes them (Role, SessionRole, Superuser, Installer), applied
 // by the target's superuser: the attacks of the issue, made by a role

@@ -455,7 +455,7 @@ type prefixedError struct {
 func (e *prefixedError) Error() string { return e.msg }
 func (e *prefixedError) Unwrap() error { return e.err }
 
-// issue 24: trust
+// Trust.
 
 // UntrustedSchemaChangeError is returned by apply ([Conn.ConsumeCanonical],
 // [Conn.ApplyChange], [Conn.RestoreChain]) for a schema change the target
@@ -516,7 +516,7 @@ func (e *SchemaCaptureForeignError) Error() string {
 		"; check what they do, then drop them (DROP SCHEMA siphon CASCADE, DROP EVENT TRIGGER) or give them to the installing superuser, and call InstallSchemaCapture again"
 }
 
-// issue 24: authentication
+// Authentication.
 
 // ErrUnauthenticatedSchemaChange is returned (wrapped, with the Position of
 // the source transaction) by [Conn.ConsumeCanonical] and

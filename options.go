@@ -43,7 +43,7 @@ type options struct {
 	// skippedSchemaChanges are the source transactions (by commit LSN)
 	// whose schema changes apply skips.
 	skippedSchemaChanges []canonical.Position
-	// issue 24: trust: trustedSchemaRoles are the source roles whose
+	// trustedSchemaRoles are the source roles whose
 	// schema changes apply runs; roleDependentSchemaChanges lets it run
 	// statements whose meaning depends on who runs them.
 	trustedSchemaRoles         []string
@@ -51,7 +51,7 @@ type options struct {
 	// source is set by the options only a source needs.
 	source bool
 
-	// issue 24: authentication
+	// Authentication.
 	// streamKeys are WithStreamKey's keys, the current one first (nil:
 	// none); streamKeyProblem what is wrong with them, if anything.
 	streamKeys       [][]byte
@@ -428,7 +428,7 @@ func needRelease(option string, release int, server pgdump.Version) error {
 		Fix:     fmt.Sprintf("upgrade the server to PostgreSQL %d or later, or leave the option out", release)}
 }
 
-// issue 24: trust
+// Trust in schema changes.
 
 // WithTrustedSchemaRoles names source roles, besides the source's
 // superusers and the role that installed the schema capture, whose schema
@@ -454,7 +454,7 @@ func WithRoleDependentSchemaChanges() Option {
 	return func(o *options) { o.roleDependentSchemaChanges = true }
 }
 
-// validateTrust checks the options of the issue 24: trust block.
+// validateTrust checks WithTrustedSchemaRoles.
 func (o *options) validateTrust() error {
 	for _, r := range o.trustedSchemaRoles {
 		if r == "" {
@@ -465,7 +465,7 @@ func (o *options) validateTrust() error {
 	return nil
 }
 
-// issue 24: authentication
+// Authentication of streams.
 
 // WithStreamKey authenticates the canonical streams the Conn writes and
 // verifies those it reads with a key only the user holds: HMAC-SHA-256

@@ -240,7 +240,7 @@ type Conn struct {
 	// captureWarning says once that schema changes are not captured.
 	captureWarning sync.Once
 	// identityNotes holds the source roles whose schema changes were said
-	// to run as the applying role (issue 24: trust).
+	// to run as the applying role.
 	identityNotes sync.Map
 	// catchUp tunes the SQL catch-up of a stream; the zero value means
 	// the defaults (see stream_sql.go). Only tests change it.
