@@ -8,7 +8,7 @@ import (
 	"github.com/siphondb/siphon/canonical"
 )
 
-// Authentication of canonical streams (issue 24): the Conn writes its
+// Authentication of canonical streams (see SECURITY.md): the Conn writes its
 // streams with its key (WithStreamKey) and runs the schema changes only of
 // streams authenticated with one of its keys, unless
 // WithUnauthenticatedSchemaChanges.

@@ -150,7 +150,7 @@ func keyedChainFixture(t *testing.T) (base []byte, incs [][]byte) {
 	return base, incs
 }
 
-// TestAuthTamperedIncrementalIsRefused runs the attack of issue 24 on a
+// TestAuthTamperedIncrementalIsRefused runs the tampered-file attack on a
 // chain taken WithStreamKey: the last incremental, with a schema change
 // its key holder wrote, is applied; the same with the statement replaced
 // by COPY ... TO PROGRAM, re-encoded without the key, with another key, or
