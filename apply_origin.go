@@ -147,6 +147,11 @@ func setupOrigin(ctx context.Context, conn *pgx.Conn, name string) error {
 		if pgerr.Is(err, pgerrcode.ObjectInUse) {
 			return fmt.Errorf("%w (replication origin %q: %s)", ErrApplyInProgress, name, pgerr.Message(err))
 		}
+		if pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded) {
+			return fmt.Errorf("set up replication origin %q: %w: every replication origin state of the target's server is taken "+
+				"(max_active_replication_origins from PostgreSQL 18 on, max_replication_slots before): raise the setting and restart "+
+				"the server, or drop the origins no longer used (those of dropped databases: SweepOrphanOrigins)", name, err)
+		}
 		return fmt.Errorf("set up replication origin %q: %w", name, err)
 	}
 	return nil
@@ -337,7 +342,8 @@ func (c *Conn) appliedSources(ctx context.Context) (map[string]canonical.Positio
 // drops the replication origin and deletes the bookkeeping row. The next
 // [Conn.ConsumeCanonical] of that source then applies everything it is
 // given. Replication origins are cluster-wide and outlive the database they
-// were made for: reset a source before dropping its target database. A
+// were made for: reset a source before dropping its target database, or
+// call [Conn.SweepOrphanOrigins] after. A
 // source being applied right now gives [ErrApplyInProgress].
 func (c *Conn) ResetAppliedPosition(ctx context.Context, systemID, slot string) error {
 	env, err := readApplyEnv(ctx, c.pool)
@@ -422,4 +428,44 @@ func dropOrigin(ctx context.Context, q querier, name string) error {
 		return fmt.Errorf("drop replication origin %q: %w", name, err)
 	}
 	return nil
+}
+
+// SweepOrphanOrigins drops the replication origins siphon created for
+// target databases of c's server that no longer exist, and returns how many
+// it dropped. Origins belong to the server, not to a database: dropping a
+// target database leaves its origins behind, and each keeps one of the
+// server's origin states (max_active_replication_origins from PostgreSQL
+// 18 on, max_replication_slots before) until it is dropped. Origins of
+// existing databases, and origins not named by siphon, are never touched.
+// It needs a role that may drop replication origins (a superuser, or one
+// granted EXECUTE on pg_replication_origin_drop).
+func (c *Conn) SweepOrphanOrigins(ctx context.Context) (int, error) {
+	rows, err := c.pool.Query(ctx, `SELECT roname FROM pg_replication_origin
+		WHERE roname ~ '^siphon_[0-9]{1,10}_'
+		  AND substring(roname FROM '^siphon_([0-9]+)_')::int8 NOT IN (SELECT oid::int8 FROM pg_database)
+		ORDER BY roname`)
+	if err != nil {
+		return 0, errorf("siphon: sweep orphan origins: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, errorf("siphon: sweep orphan origins: %w", err)
+	}
+	var dropped []string
+	defer func() {
+		if len(dropped) > 0 {
+			c.log.Info("orphan origins swept", "dropped", dropped)
+		}
+	}()
+	for _, name := range names {
+		_, err := c.pool.Exec(ctx, "SELECT pg_replication_origin_drop($1)", name)
+		switch {
+		case err == nil:
+			dropped = append(dropped, name)
+		case pgerr.Is(err, pgerrcode.ObjectInUse, pgerrcode.UndefinedObject): // taken or dropped meanwhile
+		default:
+			return len(dropped), errorf("siphon: sweep orphan origins: drop %q: %w", name, err)
+		}
+	}
+	return len(dropped), nil
 }

@@ -23,8 +23,7 @@ import (
 )
 
 // applyTarget returns a fresh target database: its DSN, an admin session
-// and a siphon.Conn on it. Replication origins made for the database are
-// dropped when the test ends (they are cluster-wide).
+// and a siphon.Conn on it.
 func applyTarget(t *testing.T, ddl ...string) (string, *pgx.Conn, *siphon.Conn) {
 	t.Helper()
 	dsn, admin := newDatabase(t)
@@ -34,18 +33,8 @@ func applyTarget(t *testing.T, ddl ...string) (string, *pgx.Conn, *siphon.Conn) 
 	t.Cleanup(func() {
 		c.Close()
 		assertNoLeaks(t, dsn)
-		dropOrigins(t, admin)
 	})
 	return dsn, admin, c
-}
-
-// dropOrigins drops the replication origins siphon made for conn's
-// database.
-func dropOrigins(t *testing.T, conn *pgx.Conn) {
-	t.Helper()
-	_, err := conn.Exec(context.Background(), `SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin
-		WHERE starts_with(roname, 'siphon_' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '_')`)
-	assert.NoError(t, err)
 }
 
 // canonicalRow turns raw text values into a canonical.Row.
@@ -732,6 +721,48 @@ func TestConsumeCanonicalOriginInUse(t *testing.T) {
 	assertApplyInProgress(t, c, s.done(), s.ends[0])
 	assert.Equal(t, 5, ledgerState(t, admin, c, s.ends))
 	assert.Equal(t, []string{fmt.Sprintf("siphon_%s_%s_ledger", dbOID(t, admin), testSystemID)}, originsOf(t, admin))
+}
+
+// TestSweepOrphanOrigins drops the origins of a target database that was
+// dropped, and nothing else: not the origin of a target that exists, not an
+// origin siphon did not name.
+func TestSweepOrphanOrigins(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin, c := applyTarget(t, ledgerDDL...)
+	s := ledgerStream(t, c, 0x2000000, 3)
+	stream := s.done()
+	require.NoError(t, consume(t, c, stream))
+	kept := originsOf(t, admin)
+	require.Len(t, kept, 1)
+
+	name := fmt.Sprintf("sweep_target_%d_%d", os.Getpid(), roleSeq.Add(1))
+	execSQL(t, admin, "CREATE DATABASE "+name)
+	goneDSN := strings.Replace(dsn, "/"+dbName(t, admin)+"?", "/"+name+"?", 1)
+	setup := connectOrFail(t, goneDSN)
+	execSQL(t, setup, ledgerDDL...)
+	require.NoError(t, setup.Close(ctx))
+	gone, err := siphon.Connect(ctx, goneDSN)
+	require.NoError(t, err)
+	require.NoError(t, gone.ConsumeCanonical(ctx, bytes.NewReader(stream)))
+	require.NoError(t, gone.Close())
+	var goneOID string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT oid::text FROM pg_database WHERE datname = $1", name).Scan(&goneOID))
+	execSQL(t, admin, "DROP DATABASE "+name+" WITH (FORCE)",
+		"SELECT pg_replication_origin_create('siphonic_"+goneOID+"_not_ours')")
+	t.Cleanup(func() { execSQL(t, admin, "SELECT pg_replication_origin_drop('siphonic_"+goneOID+"_not_ours')") })
+
+	dropped, err := c.SweepOrphanOrigins(ctx)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, dropped, 1, "the dropped target's origin (and maybe others of databases dropped meanwhile)")
+	var left []string
+	rows, err := admin.Query(ctx, "SELECT roname FROM pg_replication_origin WHERE roname LIKE '%\\_'||$1||'\\_%' ORDER BY roname", goneOID)
+	require.NoError(t, err)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	assert.Equal(t, []string{"siphonic_" + goneOID + "_not_ours"}, left, "the dropped target's origin is gone, the foreign one stays")
+	assert.Equal(t, kept, originsOf(t, admin), "an existing target keeps its origin")
+	assert.Equal(t, s.ends[2], appliedPosition(t, c))
 }
 
 // TestAppliedPositionSources applies two sources into one target, and one

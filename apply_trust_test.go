@@ -78,7 +78,6 @@ func newTrustTarget(t *testing.T) *trustTarget {
 			{Name: "owner", Type: "text", TypeOID: 25, Nullable: true},
 		},
 		PrimaryKey: []string{"id"}, IdentityKey: []string{"id"}, ReplicaIdentity: canonical.IdentityDefault}
-	t.Cleanup(func() { dropOrigins(t, admin) })
 	return tt
 }
 

@@ -56,6 +56,27 @@ func findServerBinaries(dir string) (serverBinaries, error) {
 	return serverBinaries{}, errors.New("no initdb/postgres on PATH or under /usr/lib/postgresql/*/bin")
 }
 
+// addReleaseSettings adds to settings, unless a test set them, the
+// defaults that only some releases know (an unknown setting stops the
+// server): from PostgreSQL 18 on, replication origins in use have a limit
+// of their own, max_active_replication_origins (10 by default; before 18,
+// max_replication_slots bounds them), which siphontest raises to 64 as it
+// raises max_replication_slots.
+func addReleaseSettings(data string, settings map[string]string) error {
+	text, err := os.ReadFile(filepath.Join(data, "PG_VERSION"))
+	if err != nil {
+		return fmt.Errorf("siphontest: the release of the new cluster: %w", err)
+	}
+	major, err := strconv.Atoi(strings.TrimSpace(string(text)))
+	if err != nil {
+		return fmt.Errorf("siphontest: the release of the new cluster: PG_VERSION holds %q", text)
+	}
+	if _, set := settings["max_active_replication_origins"]; major >= 18 && !set {
+		settings["max_active_replication_origins"] = "64"
+	}
+	return nil
+}
+
 func versionOf(binDir string) int {
 	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
 	return v
@@ -103,6 +124,9 @@ func launchLocal(ctx context.Context, bin serverBinaries, cfg config) (srv *Serv
 	}
 	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hbaConf), 0o600); err != nil {
 		return nil, fmt.Errorf("siphontest: %w", err)
+	}
+	if err := addReleaseSettings(data, cfg.settings); err != nil {
+		return nil, err
 	}
 	var certFile string
 	if cfg.tls {

@@ -214,7 +214,8 @@ var databaseSeq atomic.Int64
 
 // NewDatabase creates a fresh, empty database and returns a DSN for it. The
 // database is dropped when the test ends, after its sessions are terminated
-// and its replication slots dropped.
+// and its replication slots dropped; the replication origins siphon kept for
+// it go too.
 func (s *Server) NewDatabase(tb testing.TB) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -235,7 +236,8 @@ func (s *Server) NewDatabase(tb testing.TB) string {
 
 // CreateDatabase creates a fresh, empty database and returns its DSN and a
 // function that drops it (terminating its sessions and dropping its
-// replication slots first). It is [Server.NewDatabase] for code outside tests.
+// replication slots first, and siphon's replication origins for it
+// after). It is [Server.NewDatabase] for code outside tests.
 func (s *Server) CreateDatabase(ctx context.Context) (dsn string, drop func(context.Context) error, err error) {
 	name := fmt.Sprintf("siphontest_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1_000_000, databaseSeq.Add(1))
 	conn, err := pgx.Connect(ctx, s.dsn)
@@ -254,13 +256,22 @@ func (s *Server) CreateDatabase(ctx context.Context) (dsn string, drop func(cont
 }
 
 // dropDatabase terminates the database's sessions (walsenders included),
-// drops its logical slots, then the database itself.
+// drops its logical slots, then the database itself, and then the
+// replication origins siphon applied into it with: origins belong to the
+// cluster, not to a database, and each one that has ever been used keeps one
+// of the server's few origin states (max_active_replication_origins from
+// PostgreSQL 18 on, max_replication_slots before) until it is dropped.
 func (s *Server) dropDatabase(ctx context.Context, name string) error {
 	conn, err := pgx.Connect(ctx, s.dsn)
 	if err != nil {
 		return fmt.Errorf("drop database %s: %w", name, err)
 	}
 	defer conn.Close(context.Background())
+	var oid uint32
+	// 0, no database's OID, when the test dropped it itself.
+	if err := conn.QueryRow(ctx, "SELECT coalesce((SELECT oid FROM pg_database WHERE datname = $1), 0)", name).Scan(&oid); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
+	}
 	for {
 		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 			WHERE datname = $1 AND pid <> pg_backend_pid()`, name)
@@ -270,6 +281,11 @@ func (s *Server) dropDatabase(ctx context.Context, name string) error {
 		}
 		if err == nil {
 			_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		}
+		if err == nil {
+			// siphon names an origin "siphon_<database OID>_<source>".
+			_, err = conn.Exec(ctx, `SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin
+				WHERE starts_with(roname, $1)`, fmt.Sprintf("siphon_%d_", oid))
 		}
 		if err == nil {
 			return nil

@@ -60,6 +60,11 @@ func TestDatabaseDroppedWithItsSlotsAndSessions(t *testing.T) {
 		require.NoError(t, conn.QueryRow(ctx, "SELECT current_database()").Scan(&dbName))
 		_, err = conn.Exec(ctx, "SELECT pg_create_logical_replication_slot('siphontest_leftover_'||pg_backend_pid(), 'pgoutput')")
 		require.NoError(t, err)
+		// An origin as siphon's apply names one for this database, holding
+		// one of the server's origin states: cleanup must drop it.
+		_, err = conn.Exec(ctx, `SELECT pg_replication_origin_create(o), pg_replication_origin_advance(o, '0/10')
+			FROM (SELECT format('siphon_%s_1_leftover', oid) FROM pg_database WHERE datname = current_database()) AS n(o)`)
+		require.NoError(t, err)
 	})
 
 	admin, err := pgx.Connect(ctx, srv.DSN())
@@ -70,6 +75,34 @@ func TestDatabaseDroppedWithItsSlotsAndSessions(t *testing.T) {
 	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = $1", dbName).Scan(&slots))
 	assert.Zero(t, dbs, "database dropped at cleanup")
 	assert.Zero(t, slots, "its slots dropped at cleanup")
+	var origins []string
+	rows, err := admin.Query(ctx, "SELECT roname FROM pg_replication_origin WHERE roname LIKE '%leftover'")
+	require.NoError(t, err)
+	origins, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	assert.Empty(t, origins, "siphon's origins for it dropped at cleanup")
+}
+
+// TestServerKeepsManyReplicationOrigins holds more replication origin
+// states at once than PostgreSQL 18's default max_active_replication_origins
+// (10) allows: a test binary applies into many databases, each with an
+// origin of its own.
+func TestServerKeepsManyReplicationOrigins(t *testing.T) {
+	t.Parallel()
+	srv := siphontest.Start(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, srv.NewDatabase(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var prefix string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT format('siphontest_many_%s_', pg_backend_pid())").Scan(&prefix))
+	defer func() {
+		_, err := conn.Exec(ctx, "SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE starts_with(roname, $1)", prefix)
+		assert.NoError(t, err)
+	}()
+	_, err = conn.Exec(ctx, `SELECT pg_replication_origin_create(o), pg_replication_origin_advance(o, '0/10')
+		FROM (SELECT $1 || i FROM generate_series(1, 20) AS i) AS n(o)`, prefix)
+	require.NoError(t, err, "20 origins with progress, as 20 test databases applied into keep")
 }
 
 // TestLaunchedServerGoneWhenProcessKilled kills a process that launched a
