@@ -84,7 +84,8 @@ const (
 // with one of the Conn's keys ([WithStreamKey]): a schema change of
 // another stream is a statement whoever could write the stream chose, and
 // is refused with [ErrUnauthenticatedSchemaChange], with nothing of its
-// source transaction applied, unless [WithUnauthenticatedSchemaChanges];
+// source transaction applied, unless
+// [ApplyOptions].UnauthenticatedSchemaChanges;
 // a stream that names one of the Conn's keys but fails its check stops at
 // the checkpoint that fails, with an error wrapping
 // [canonical.ErrAuthentication]; the stream's sequences are set, never
@@ -110,18 +111,61 @@ const (
 // ordinary session on purpose, with no such check. The session uses
 // siphon's fixed settings (see the package documentation), under which the
 // target's input functions read the canonical values.
+//
+// ConsumeCanonical is [Conn.ConsumeCanonicalWith] with the zero
+// [ApplyOptions].
 func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
+	return c.ConsumeCanonicalWith(ctx, ApplyOptions{}, r)
+}
+
+// ApplyOptions are the choices of one call that applies canonical streams
+// ([Conn.ConsumeCanonicalWith], and RestoreChain's through
+// [RestoreChainOptions].Apply): what to do about one incident, or one
+// stream. The zero value applies every schema change, and accepts only
+// streams that carry checksums and whose schema changes are authenticated
+// with one of the Conn's keys ([WithStreamKey]).
+type ApplyOptions struct {
+	// SkipSchemaChanges lists source transactions, by the Position of
+	// their commit (a [*SchemaChangeError]'s Position), whose schema
+	// changes are not run: their rows are applied, their DDL is not. Give
+	// it once the target's schema was made by hand what the source's
+	// became. Defaults to none.
+	SkipSchemaChanges []canonical.Position
+	// Unchecked accepts canonical streams that carry no checksums (see
+	// [canonical.Header].Checked): streams written by hand, or by siphon
+	// before streams were checked. Nothing then vouches for their bytes:
+	// a changed value is applied as it reads. Streams written by a
+	// [canonical.Encoder] are always checked and need it not. Defaults to
+	// false: such a stream is refused with [ErrUnchecked] before anything
+	// is applied.
+	Unchecked bool
+	// UnauthenticatedSchemaChanges runs the schema changes (DDL records)
+	// of streams that are not authenticated with one of the Conn's keys
+	// ([WithStreamKey]). A schema change runs a statement on the target
+	// as the applying role: whoever could write the stream (backup
+	// storage, a file's path, a message subject) chooses what runs, "COPY
+	// ... TO PROGRAM" included. Set it only for a stream whose every byte
+	// you trust. Row changes are applied either way: they are data, bound
+	// as parameters. Defaults to false: such a schema change is refused
+	// with [ErrUnauthenticatedSchemaChange] before anything of its source
+	// transaction is applied.
+	UnauthenticatedSchemaChanges bool
+}
+
+// ConsumeCanonicalWith is [Conn.ConsumeCanonical] with the choices of opt.
+func (c *Conn) ConsumeCanonicalWith(ctx context.Context, opt ApplyOptions, r io.Reader) error {
 	body, err := canonicalBody(r)
 	if err != nil {
 		return errorf("siphon: consume canonical: %w", err)
 	}
-	dec := newStreamRecords(body, &c.opts)
+	rules := c.rules(opt)
+	dec := newStreamRecords(body, rules)
 	h, err := dec.dec.Header()
 	if err != nil {
 		return errorf("siphon: consume canonical: %w", err)
 	}
 	src := newRecordSource(dec)
-	if !h.Checked && !c.opts.uncheckedStreams {
+	if !h.Checked && !rules.unchecked {
 		return errorf("siphon: consume canonical: %w", ErrUnchecked)
 	}
 	s, err := c.openApplySession(ctx, "", h)
@@ -129,6 +173,7 @@ func (c *Conn) ConsumeCanonical(ctx context.Context, r io.Reader) error {
 		return errorf("siphon: consume canonical: %w", err)
 	}
 	defer s.close()
+	s.skip = opt.SkipSchemaChanges
 	if h.Kind == canonical.KindSnapshot {
 		err = s.loadSnapshot(ctx, src, h)
 	} else if err = s.checkContinues(ctx, h); err == nil {
@@ -201,20 +246,20 @@ type records interface {
 }
 
 // streamRecords are the records of a canonical stream, read with the
-// Conn's keys; a schema change it may not run ends the stream, as a
+// call's rules; a schema change it may not run ends the stream, as a
 // damaged record does (err keeps that).
 type streamRecords struct {
-	br   *bufio.Reader
-	dec  *canonical.Decoder
-	opts *options
-	err  error
+	br    *bufio.Reader
+	dec   *canonical.Decoder
+	rules streamRules
+	err   error
 }
 
-func newStreamRecords(r io.Reader, opts *options) *streamRecords {
+func newStreamRecords(r io.Reader, rules streamRules) *streamRecords {
 	// The decoder reads through br itself (bufio reuses a large enough
 	// Reader), so br.Buffered tells whether more of the stream is in memory.
 	br := bufio.NewReaderSize(r, 256<<10)
-	return &streamRecords{br: br, dec: opts.newDecoder(br), opts: opts}
+	return &streamRecords{br: br, dec: rules.newDecoder(br), rules: rules}
 }
 
 func (s *streamRecords) Next() (canonical.Record, error) {
@@ -223,7 +268,7 @@ func (s *streamRecords) Next() (canonical.Record, error) {
 	}
 	rec, err := s.dec.Next()
 	if err == nil {
-		s.err = s.opts.checkSchemaChange(s.dec, rec)
+		s.err = s.rules.checkSchemaChange(s.dec, rec)
 		err = s.err
 	}
 	if err != nil {
@@ -348,6 +393,9 @@ type applySession struct {
 	// committed, when set, learns each Position the target committed, and
 	// how many source transactions and changes it took there.
 	committed func(pos canonical.Position, txs, changes int)
+	// skip lists the source transactions whose schema changes are not
+	// run (ApplyOptions.SkipSchemaChanges).
+	skip []canonical.Position
 }
 
 // openApplySession opens the session that applies the source h names into

@@ -31,7 +31,7 @@ func (cc *changeConsumer) schemaChange(ctx context.Context, ch *canonical.Change
 	if err := cc.s.flush(ctx); err != nil {
 		return err
 	}
-	return cc.s.c.runSchemaChange(ctx, cc.s, cc.tx.pos, ch.DDL)
+	return cc.s.c.runSchemaChange(ctx, cc.s, cc.tx.pos, ch.DDL, cc.s.skip)
 }
 
 // ddlSession is where a schema change runs: an apply session in its open
@@ -45,12 +45,12 @@ type ddlSession interface {
 }
 
 // runSchemaChange runs d, of the source transaction committed at pos,
-// under the source's search_path and role, unless WithSkippedSchemaChange
-// names pos, or d is not trusted (an *UntrustedSchemaChangeError) or
-// cannot be replayed (a *SchemaChangeError).
-func (c *Conn) runSchemaChange(ctx context.Context, s ddlSession, pos canonical.Position, d *canonical.DDL) error {
-	if slices.Contains(c.opts.skippedSchemaChanges, pos) {
-		c.log.Warn("schema change skipped (WithSkippedSchemaChange)", "position", pos, "tag", d.Tag, "statement", errorStatement(d))
+// under the source's search_path and role, unless skip holds pos, or d is
+// not trusted (an *UntrustedSchemaChangeError) or cannot be replayed (a
+// *SchemaChangeError).
+func (c *Conn) runSchemaChange(ctx context.Context, s ddlSession, pos canonical.Position, d *canonical.DDL, skip []canonical.Position) error {
+	if slices.Contains(skip, pos) {
+		c.log.Warn("schema change skipped (SkipSchemaChanges)", "position", pos, "tag", d.Tag, "statement", errorStatement(d))
 		return nil
 	}
 	if err := c.checkTrusted(pos, d); err != nil {
@@ -110,7 +110,7 @@ func (c *Conn) applySchemaChange(ctx context.Context, ch *canonical.Change) erro
 	if err != nil {
 		return err
 	}
-	return c.runSchemaChange(ctx, pooledDDL{c: c, role: role}, ch.Position, ch.DDL)
+	return c.runSchemaChange(ctx, pooledDDL{c: c, role: role}, ch.Position, ch.DDL, nil)
 }
 
 // pooledDDL runs ApplyChange's schema changes on a pooled session, each

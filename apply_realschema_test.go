@@ -283,7 +283,7 @@ func restoreChainInto(t *testing.T, systemID, slot string, base []byte, links []
 	for _, l := range links {
 		readers = append(readers, bytes.NewReader(l))
 	}
-	reached, err := target.RestoreChain(ctx, siphon.RestoreChainOptions{}, readers[0], readers[1:]...)
+	reached, err := target.RestoreChain(ctx, siphon.RestoreChainOptions{}, readers...)
 	require.NoError(t, err)
 	return dsn, conn, reached
 }

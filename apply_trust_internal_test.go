@@ -55,7 +55,7 @@ func TestCheckTrusted(t *testing.T) {
 	assert.Equal(t, "mallory", ute.SessionRole, "SET ROLE app does not make mallory trusted")
 	assert.Contains(t, err.Error(), `source role "mallory" (as role "app")`)
 	assert.Contains(t, err.Error(), `WithTrustedSchemaRoles("mallory")`)
-	assert.Contains(t, err.Error(), "WithSkippedSchemaChange(0/10)")
+	assert.Contains(t, err.Error(), "SkipSchemaChanges: []canonical.Position{0/10}")
 
 	err = c.checkTrusted(0x10, d("", "", "", false, "CREATE TABLE", "CREATE TABLE x ()"))
 	require.True(t, errors.As(err, &ute))

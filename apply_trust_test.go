@@ -89,22 +89,35 @@ func ddlBy(role, tag, stmt string) canonical.Change {
 }
 
 // consumeTx applies a stream of one transaction (an insert into accounts
-// of the row id, then changes) with c, and returns ConsumeCanonical's
-// error and the transaction's end.
+// of the row id, then changes) with c, and returns the apply's error and
+// the transaction's end.
 func (tt *trustTarget) consumeTx(t *testing.T, c *siphon.Conn, start canonical.Position, id int, changes ...canonical.Change) (canonical.Position, error) {
+	t.Helper()
+	return tt.consumeTxSkipping(t, c, nil, start, id, changes...)
+}
+
+// consumeTxSkipping is consumeTx, skipping the schema changes of the
+// transactions skip names.
+func (tt *trustTarget) consumeTxSkipping(t *testing.T, c *siphon.Conn, skip []canonical.Position, start canonical.Position, id int, changes ...canonical.Change) (canonical.Position, error) {
 	t.Helper()
 	s := newStream(t, canonical.KindChanges, start, tt.slot, tt.accounts)
 	chs := append([]canonical.Change{ins(tt.accounts.TableName(), tv(fmt.Sprint(id)), tv("before"))}, changes...)
 	end := s.tx(chs...)
-	return end, consume(t, c, s.done())
+	return end, tt.apply(c, s.done(), skip)
 }
 
-// connect opens a target Conn that applies the schema changes of the
-// streams these tests write by hand as if they were authenticated (they
-// are the key holder's): what is checked here is whom the target trusts.
+// apply applies stream with c, running the schema changes of these
+// hand-written streams as if they were authenticated (they are the key
+// holder's): what is checked here is whom the target trusts.
+func (tt *trustTarget) apply(c *siphon.Conn, stream []byte, skip []canonical.Position) error {
+	opt := siphon.ApplyOptions{UnauthenticatedSchemaChanges: true, SkipSchemaChanges: skip}
+	return c.ConsumeCanonicalWith(context.Background(), opt, bytes.NewReader(stream))
+}
+
+// connect opens a target Conn.
 func (tt *trustTarget) connect(t *testing.T, opts ...siphon.Option) *siphon.Conn {
 	t.Helper()
-	return connect(t, tt.dsn, append([]siphon.Option{siphon.WithUnauthenticatedSchemaChanges()}, opts...)...)
+	return connect(t, tt.dsn, opts...)
 }
 
 // untrusted asserts err is an *UntrustedSchemaChangeError naming role and
@@ -157,7 +170,7 @@ func TestUntrustedSchemaChangesHaveNoEffect(t *testing.T) {
 	s := newStream(t, canonical.KindChanges, 0x1000, tt.slot, tt.accounts)
 	first := s.tx(ins(tt.accounts.TableName(), tv("3"), tv("first")))
 	s.tx(ins(tt.accounts.TableName(), tv("4"), tv("second")), ddlBy(m, "GRANT", "GRANT DELETE ON public.accounts TO "+m))
-	untrusted(t, consume(t, c, s.done()), m, fmt.Sprintf("WithTrustedSchemaRoles(%q)", m))
+	untrusted(t, tt.apply(c, s.done(), nil), m, fmt.Sprintf("WithTrustedSchemaRoles(%q)", m))
 	assert.Equal(t, first, appliedPosition(t, c))
 	assert.Equal(t, 1, count(t, tt.admin, "SELECT count(*) FROM public.accounts WHERE id IN (3, 4)"))
 
@@ -279,8 +292,8 @@ func TestRoleDependentSchemaChanges(t *testing.T) {
 
 // TestSchemaChangeTrustDefaults checks who is trusted without options: a
 // source superuser and the role that installed the capture; a record
-// that does not say who made it is not; WithSkippedSchemaChange still
-// skips an untrusted change, explicitly.
+// that does not say who made it is not; SkipSchemaChanges still skips an
+// untrusted change, explicitly.
 func TestSchemaChangeTrustDefaults(t *testing.T) {
 	t.Parallel()
 	tt := newTrustTarget(t)
@@ -303,11 +316,10 @@ func TestSchemaChangeTrustDefaults(t *testing.T) {
 	assert.Contains(t, ute.Reason, "does not say which role")
 	assert.False(t, tt.exists(t, "public.by_nobody"))
 
-	skipping := tt.connect(t, siphon.WithSkippedSchemaChange(next-0x38))
-	got, err := tt.consumeTx(t, skipping, end, 11, anonymous)
+	got, err := tt.consumeTxSkipping(t, c, []canonical.Position{next - 0x38}, end, 11, anonymous)
 	require.NoError(t, err)
 	assert.Equal(t, next, got)
-	assert.Equal(t, next, appliedPosition(t, skipping))
+	assert.Equal(t, next, appliedPosition(t, c))
 	assert.False(t, tt.exists(t, "public.by_nobody"), "skipped, not applied")
 	assert.Equal(t, 1, count(t, tt.admin, "SELECT count(*) FROM public.accounts WHERE id = 11"), "its rows are applied")
 }

@@ -295,7 +295,7 @@ func TestConnectChecks(t *testing.T) {
 	_, err = target.CurrentPosition(ctx)
 	require.ErrorAs(t, err, &preflight, "its first read of changes says why")
 	_, err = target.StreamChanges(ctx, 0, nil)
-	require.ErrorIs(t, err, siphon.ErrNilCallback)
+	require.ErrorIs(t, err, siphon.ErrNilArgument)
 	require.NoError(t, target.Close())
 	_, err = target.InspectSchema(ctx)
 	require.ErrorIs(t, err, siphon.ErrClosed)

@@ -33,6 +33,13 @@ type RestoreChainOptions struct {
 	// to the zero time: no limit. With both targets, a transaction is
 	// applied only when it is within both.
 	TargetTime time.Time
+	// Apply says how the incrementals are applied, as for
+	// [Conn.ConsumeCanonicalWith], and which links the verification that
+	// comes first accepts: one without checksums only with Apply.Unchecked,
+	// one with schema changes no key of the Conn authenticates only with
+	// Apply.UnauthenticatedSchemaChanges. Defaults to the zero
+	// [ApplyOptions].
+	Apply ApplyOptions
 }
 
 // hasTarget reports whether the options limit the restore.
@@ -47,28 +54,29 @@ func (o RestoreChainOptions) within(pos canonical.Position, at time.Time) bool {
 	return o.TargetTime.IsZero() || !at.After(o.TargetTime)
 }
 
-// RestoreChain restores a chain of backups into the Conn's database: base,
-// a full backup from [Conn.Backup], with [Conn.Restore], then incrementals,
-// from [Conn.BackupIncremental] (checked JSONL, or JSONL in an envelope),
-// in order, with [Conn.ConsumeCanonical]. It returns the Position the
-// database then stands at: the end of the last transaction applied (the
-// base's Position when none was).
+// RestoreChain restores a chain of backups into the Conn's database: the
+// first link, a full backup from [Conn.Backup], with [Conn.Restore], then
+// the incrementals that follow it, from [Conn.BackupIncremental] (checked
+// JSONL, or JSONL in an envelope), in order, with
+// [Conn.ConsumeCanonicalWith]. It returns the Position the database then
+// stands at: the end of the last transaction applied (the base's Position
+// when none was).
 //
-// Before anything is restored, the whole chain is read and checked with
-// [Conn.VerifyChain]: a chain that does not verify (a link damaged, missing,
-// repeated or out of order, from another cluster or timeline) is refused
-// with a [*ChainError] naming the first bad link, and the target is left
-// untouched. So is a chain with a schema change in an incremental that is
-// not authenticated with one of the Conn's keys ([WithStreamKey]), or
-// with an unauthenticated link after an authenticated one: restoring an
+// Before anything is restored, the whole chain is read and checked as
+// [Conn.VerifyChain] does: a chain that does not verify (a link damaged,
+// missing, repeated or out of order, from another cluster or timeline) is
+// refused with a [*ChainError] naming the first bad link, and the target
+// is left untouched. So is a chain with a schema change in an incremental
+// that is not authenticated with one of the Conn's keys ([WithStreamKey]),
+// or with an unauthenticated link after an authenticated one: restoring an
 // incremental runs its schema changes as statements on the target (see
-// [WithUnauthenticatedSchemaChanges]), as restoring the base runs the SQL
-// of its dump, which no key authenticates: keep the base where only
-// trusted writers reach. That is why the links are io.ReadSeekers: each is read from
-// its current offset to verify it, then sought back there and read again
-// to restore it (an incremental cut at a target is read a third time, to
-// find the cut first). Pass *os.File or *bytes.Reader values; nothing is
-// spooled or held in memory.
+// [ApplyOptions].UnauthenticatedSchemaChanges), as restoring the base runs
+// the SQL of its dump, which no key authenticates: keep the base where only
+// trusted writers reach. That is why the links are io.ReadSeekers: each is
+// read from its current offset to verify it, then sought back there and
+// read again to restore it (an incremental cut at a target is read a third
+// time, to find the cut first). Pass *os.File or *bytes.Reader values;
+// nothing is spooled or held in memory.
 //
 // With a TargetPosition or TargetTime in opt, the restore is a
 // point-in-time restore at transaction granularity: transactions are
@@ -80,19 +88,23 @@ func (o RestoreChainOptions) within(pos canonical.Position, at time.Time) bool {
 // Position with the target to tell. A TargetPosition before the base's
 // Position, or a TargetTime before the base was taken (its envelope's
 // Created), is refused with [ErrTargetBeforeBase], before anything is
-// restored.
+// restored. The sequences of the link that is cut are those read at its
+// end: at or past the source's at the target, never behind it.
 //
 // On an error after the base was restored, the database holds the base
 // and the transactions applied before the error ([Conn.AppliedPosition]
 // says up to where), and the returned Position is that of the last link
 // applied whole.
-func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, base io.ReadSeeker, incrementals ...io.ReadSeeker) (canonical.Position, error) {
-	if opt.Restore.Database != "" {
+func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, links ...io.ReadSeeker) (canonical.Position, error) {
+	switch {
+	case opt.Restore.Database != "":
 		return 0, &OptionError{Option: "RestoreChainOptions", Problem: "Restore.Database is set",
 			Fix: "connect to the target database instead: the incrementals are applied to the Conn's database"}
+	case len(links) == 0:
+		return 0, errorf("siphon: restore chain: no link given: %w", ErrNilArgument)
 	}
-	links := append([]io.ReadSeeker{base}, incrementals...)
-	chain, rewind, err := c.verifyLinks(ctx, links)
+	rules := c.rules(opt.Apply)
+	chain, rewind, err := verifyLinks(ctx, links, rules)
 	if err != nil {
 		return 0, err
 	}
@@ -107,24 +119,23 @@ func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, base i
 	if err := rewind(0); err != nil {
 		return 0, err
 	}
-	if err := c.Restore(ctx, opt.Restore, base); err != nil {
+	if err := c.Restore(ctx, opt.Restore, links[0]); err != nil {
 		return 0, errorf("siphon: restore chain, link 1: %w", err)
 	}
 	reached := chain.Start
-	for i, r := range incrementals {
-		n, rep := i+2, chain.Links[i+1]
-		if err := rewind(i + 1); err != nil {
+	for i := 1; i < len(links); i++ {
+		if err := rewind(i); err != nil {
 			return reached, err
 		}
-		end, whole, err := c.applyLink(ctx, opt, r, rep, func() error { return rewind(i + 1) })
+		end, whole, err := c.applyLink(ctx, opt, rules, links[i], chain.Links[i], func() error { return rewind(i) })
 		if err != nil {
-			return reached, errorf("siphon: restore chain, link %d: %w", n, err)
+			return reached, errorf("siphon: restore chain, link %d: %w", i+1, err)
 		}
 		if !end.IsZero() {
 			reached = end
 		}
 		if !whole {
-			c.log.Info("backup chain restored to a target", "position", reached, "links", n)
+			c.log.Info("backup chain restored to a target", "position", reached, "links", i+1)
 			return reached, nil
 		}
 	}
@@ -133,16 +144,16 @@ func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, base i
 }
 
 // verifyLinks verifies the chain links form from their current offsets,
-// and returns its report and a function that seeks link i back there.
-func (c *Conn) verifyLinks(ctx context.Context, links []io.ReadSeeker) (*ChainReport, func(i int) error, error) {
+// with the call's rules, and returns its report and a function that seeks
+// link i back there.
+func verifyLinks(ctx context.Context, links []io.ReadSeeker, rules streamRules) (*ChainReport, func(i int) error, error) {
 	offsets := make([]int64, len(links))
-	readers := make([]io.Reader, len(links))
 	for i, r := range links {
 		off, err := r.Seek(0, io.SeekCurrent)
 		if err != nil {
 			return nil, nil, errorf("siphon: restore chain, link %d: %w", i+1, err)
 		}
-		offsets[i], readers[i] = off, r
+		offsets[i] = off
 	}
 	rewind := func(i int) error {
 		if _, err := links[i].Seek(offsets[i], io.SeekStart); err != nil {
@@ -150,7 +161,7 @@ func (c *Conn) verifyLinks(ctx context.Context, links []io.ReadSeeker) (*ChainRe
 		}
 		return nil
 	}
-	chain, err := c.VerifyChain(ctx, readers...)
+	chain, err := verifyChain(ctx, links, rules)
 	if err != nil {
 		return nil, nil, errorf("siphon: restore chain: %w", err)
 	}
@@ -181,7 +192,7 @@ func brokenLink(chain *ChainReport) error {
 // applyLink applies one incremental, whole or up to the target, and returns
 // where it ended (zero when it applied nothing) and whether it was applied
 // whole (the next link may follow).
-func (c *Conn) applyLink(ctx context.Context, opt RestoreChainOptions, r io.Reader, rep *VerifyReport, rewind func() error) (canonical.Position, bool, error) {
+func (c *Conn) applyLink(ctx context.Context, opt RestoreChainOptions, rules streamRules, r io.Reader, rep *VerifyReport, rewind func() error) (canonical.Position, bool, error) {
 	cut, whole := rep.End, true
 	if opt.hasTarget() && !(opt.TargetTime.IsZero() && rep.End <= opt.TargetPosition) {
 		body, err := linkBody(ctx, r, rep)
@@ -203,9 +214,9 @@ func (c *Conn) applyLink(ctx context.Context, opt RestoreChainOptions, r io.Read
 		return 0, false, err
 	}
 	if whole {
-		return rep.End, true, c.ConsumeCanonical(ctx, body)
+		return rep.End, true, c.ConsumeCanonicalWith(ctx, opt.Apply, body)
 	}
-	return cut, false, c.consumeUpTo(ctx, body, cut)
+	return cut, false, c.consumeUpTo(ctx, opt.Apply, rules, body, cut)
 }
 
 // linkBody returns the JSONL of an incremental, reading it out of its
@@ -264,15 +275,15 @@ var errConsumerDone = errors.New("siphon: the apply session stopped reading")
 // consumeUpTo applies an incremental up to the commit that ends at cut:
 // a goroutine of the call re-encodes its records up to there into a pipe
 // that ConsumeCanonical reads, then an end record at cut.
-func (c *Conn) consumeUpTo(ctx context.Context, body io.Reader, cut canonical.Position) error {
+func (c *Conn) consumeUpTo(ctx context.Context, opt ApplyOptions, rules streamRules, body io.Reader, cut canonical.Position) error {
 	pr, pw := io.Pipe()
 	filtered := make(chan error, 1)
 	go func() {
-		err := copyUpTo(body, pw, cut, &c.opts)
+		err := copyUpTo(body, pw, cut, rules, &c.opts)
 		pw.CloseWithError(err) // nil: the reader sees EOF
 		filtered <- err
 	}()
-	err := c.ConsumeCanonical(ctx, pr)
+	err := c.ConsumeCanonicalWith(ctx, opt, pr)
 	pr.CloseWithError(errConsumerDone)
 	ferr := <-filtered
 	switch {
@@ -287,11 +298,12 @@ func (c *Conn) consumeUpTo(ctx context.Context, body io.Reader, cut canonical.Po
 // copyUpTo copies a JSONL stream's header, table records and changes to w
 // up to the commit that ends at cut, then the stream's sequences (read at
 // its end, so at or after the cut), then writes an end record at cut. A
-// stream authenticated with one of o's keys is written authenticated with
-// o's current key, having been verified as it is read: its schema changes
-// stay the key holder's. Any other is written unauthenticated.
-func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position, o *options) error {
-	d := o.newDecoder(body)
+// stream authenticated with one of the rules' keys is written
+// authenticated with the Conn's current key (of o), having been verified
+// as it is read: its schema changes stay the key holder's. Any other is
+// written unauthenticated.
+func copyUpTo(body io.Reader, w io.Writer, cut canonical.Position, rules streamRules, o *options) error {
+	d := rules.newDecoder(body)
 	h, err := d.Header()
 	if err != nil {
 		return err

@@ -3,7 +3,6 @@ package siphon_test
 import (
 	"bytes"
 	"context"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -77,11 +76,7 @@ func TestIncrementalsAreCheckedLinks(t *testing.T) {
 		"repeated": {base, inc1, inc1, inc2},
 		"skipped":  {base, inc2},
 	} {
-		var rs []io.Reader
-		for _, l := range links {
-			rs = append(rs, bytes.NewReader(l))
-		}
-		chain, err := f.c.VerifyChain(ctx, rs...)
+		chain, err := f.c.VerifyChain(ctx, readers(links...)...)
 		require.NoError(t, err, name)
 		assert.False(t, chain.OK, name)
 	}
@@ -98,13 +93,7 @@ func TestIncrementalsAreCheckedLinks(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, rep.Checked)
 	assert.Contains(t, strings.Join(rep.Problems, "; "), "carries no checksums")
-	lenient, err := siphon.Connect(ctx, f.dsn, siphon.WithUncheckedStreams())
-	require.NoError(t, err)
-	defer lenient.Close()
-	rep, err = lenient.Verify(ctx, bytes.NewReader(unchecked))
-	require.NoError(t, err)
-	assert.True(t, rep.OK, "%v", rep.Problems)
-	assert.False(t, rep.Checked)
+	assert.Contains(t, strings.Join(rep.Problems, "; "), "ApplyOptions.Unchecked", "the problem says how to apply it anyway")
 }
 
 // TestRestoreRecordsTheBase restores a base with a plain Restore, then
@@ -149,7 +138,7 @@ func TestRestoreRecordsTheBase(t *testing.T) {
 
 	_, fresh, freshConn := restoreTarget(t)
 	links := readers(append([][]byte{f.base}, f.incrementals...)...)
-	_, err = fresh.RestoreChain(ctx, siphon.RestoreChainOptions{TargetTime: f.after[0].at.Add(-time.Minute)}, links[0], links[1:]...)
+	_, err = fresh.RestoreChain(ctx, siphon.RestoreChainOptions{TargetTime: f.after[0].at.Add(-time.Minute)}, links...)
 	require.ErrorIs(t, err, siphon.ErrTargetBeforeBase, "a target time before the base was taken")
 	assert.Empty(t, userTables(t, freshConn), "nothing was restored")
 }
@@ -169,10 +158,9 @@ func TestUncheckedStreamsNeedTheOption(t *testing.T) {
 	require.ErrorIs(t, strict.ConsumeCanonical(ctx, strings.NewReader(stream)), siphon.ErrUnchecked)
 	assert.Zero(t, count(t, admin, "SELECT count(*) FROM t"))
 
-	lenient, err := siphon.Connect(ctx, dsn, siphon.WithUncheckedStreams())
-	require.NoError(t, err)
-	defer lenient.Close()
-	t.Cleanup(func() { lenient.ResetAppliedPosition(context.Background(), "7000000000000000001", "bad_input") })
-	require.NoError(t, lenient.ConsumeCanonical(ctx, strings.NewReader(stream)))
+	require.NoError(t, strict.ConsumeCanonicalWith(ctx, siphon.ApplyOptions{Unchecked: true}, strings.NewReader(stream)),
+		"accepted for this call")
 	assert.Equal(t, 2, count(t, admin, "SELECT count(*) FROM t"))
+	require.NoError(t, strict.ResetAppliedPosition(ctx, "7000000000000000001", "bad_input"))
+	require.ErrorIs(t, strict.ConsumeCanonical(ctx, strings.NewReader(stream)), siphon.ErrUnchecked, "and for that call only")
 }

@@ -27,8 +27,8 @@ type VerifyReport struct {
 	// Checked is true when checksums vouch for the backup's bytes: an
 	// envelope's, or a JSONL stream's own (see [canonical.Header].Checked).
 	// A bare JSONL stream without them (written by hand, or by siphon
-	// before streams were checked) is a problem, unless the Conn was made
-	// [WithUncheckedStreams].
+	// before streams were checked) is a problem (which
+	// [ApplyOptions].Unchecked accepts when applying it).
 	Checked bool
 	// Kind is the backup's kind (dump, snapshot or incremental) and Body
 	// its body's format ("" for a bare JSONL stream).
@@ -62,8 +62,9 @@ type VerifyReport struct {
 	KeyID         string
 	// SchemaChanges counts a JSONL stream's schema changes (DDL records):
 	// restoring it runs each as a statement on the target. Those of a
-	// stream that is not Authenticated are a problem, unless the Conn was
-	// made [WithUnauthenticatedSchemaChanges].
+	// stream that is not Authenticated are a problem (which
+	// [ApplyOptions].UnauthenticatedSchemaChanges accepts when applying
+	// it).
 	SchemaChanges int
 	// Created is when the backup was written.
 	Created time.Time
@@ -85,55 +86,67 @@ func (r *VerifyReport) problem(format string, args ...any) {
 // (see [canonical.EnvelopeReader]); for a dump, that pg_restore --list
 // reads the archive and that it holds every table the header lists; for
 // JSONL (a snapshot or an incremental, enveloped or bare), a full decode,
-// and that it agrees with its envelope. Problems with the stream go in the
-// report (OK false); Verify returns an error only when it could not
-// check: the reader failed, ctx ended, pg_restore is missing.
+// authenticated with the Conn's keys ([WithStreamKey]), and that it agrees
+// with its envelope. Problems with the stream go in the report (OK false);
+// Verify returns an error only when it could not check: the reader
+// failed, ctx ended, pg_restore is missing.
 //
-// Of the Conn it uses only its options ([WithUncheckedStreams],
-// [WithStreamKey], [WithUnauthenticatedSchemaChanges]): [VerifyStream] does
-// the same with no Conn and no server.
+// Of the Conn it uses only its keys: [VerifyStream] does the same with no
+// Conn and no server.
 func (c *Conn) Verify(ctx context.Context, r io.Reader) (*VerifyReport, error) {
-	return verifyStream(ctx, r, &c.opts)
+	return verifyStream(ctx, r, c.rules(ApplyOptions{}))
+}
+
+// VerifyOptions say how [VerifyStream] and [VerifyStreamChain], which have
+// no Conn, check streams. The zero value authenticates nothing.
+type VerifyOptions struct {
+	// Keys authenticate JSONL streams as a Conn's keys do (see
+	// [WithStreamKey]): the current key and the previous ones, each of at
+	// least 32 bytes. Defaults to none: no stream is Authenticated, and
+	// the schema changes of every JSONL stream are a problem.
+	Keys [][]byte
+}
+
+// rules returns the stream rules of opt, or an *OptionError for a key
+// that is too short.
+func (opt VerifyOptions) rules() (streamRules, error) {
+	for i, k := range opt.Keys {
+		if len(k) < canonical.MinKeyBytes {
+			return streamRules{}, &OptionError{Option: "VerifyOptions.Keys",
+				Problem: fmt.Sprintf("key %d has %d bytes, fewer than %d", i, len(k), canonical.MinKeyBytes),
+				Fix:     "give the keys the streams were written with (WithStreamKey)"}
+		}
+	}
+	return streamRules{keys: opt.Keys}, nil
 }
 
 // VerifyStream is [Conn.Verify] without a Conn, for a process that checks
 // backups and has no database to connect to (a backup orchestrator, the
-// first step of a restore drill): verifying needs only the stream, and
-// pg_restore for a dump. Of opts only [WithUncheckedStreams],
-// [WithStreamKey] and [WithUnauthenticatedSchemaChanges] have an effect
-// (the others configure a Conn's sessions): without the first, a bare
-// JSONL stream that carries no checksums is a problem, as it is for a
-// Conn.
-func VerifyStream(ctx context.Context, r io.Reader, opts ...Option) (*VerifyReport, error) {
-	o := verifyOptions(opts)
-	return verifyStream(ctx, r, &o)
-}
-
-// verifyOptions applies opts to the defaults.
-func verifyOptions(opts []Option) options {
-	o := defaultOptions()
-	for _, opt := range opts {
-		opt(&o)
+// first step of a restore drill): verifying needs only the stream, the
+// keys that authenticate it, and pg_restore for a dump.
+func VerifyStream(ctx context.Context, opt VerifyOptions, r io.Reader) (*VerifyReport, error) {
+	rules, err := opt.rules()
+	if err != nil {
+		return nil, err
 	}
-	return o
+	return verifyStream(ctx, r, rules)
 }
 
-// verifyStream is Verify, with the Conn's options: o.uncheckedStreams
-// accepts JSONL streams without checksums, o.streamKeys authenticate them.
-func verifyStream(ctx context.Context, r io.Reader, o *options) (*VerifyReport, error) {
+// verifyStream is Verify, with the call's rules.
+func verifyStream(ctx context.Context, r io.Reader, rules streamRules) (*VerifyReport, error) {
 	rep := &VerifyReport{}
 	counted := &countingReader{r: &ctxReader{ctx: ctx, r: r}}
 	br := bufio.NewReaderSize(counted, 64<<10)
 	var err error
 	if first, _ := br.Peek(1); len(first) == 1 && first[0] == '{' {
-		err = verifyJSONL(br, rep, nil, o)
+		err = verifyJSONL(br, rep, nil, rules)
 		rep.Bytes = counted.n - int64(br.Buffered())
-		if err == nil && !rep.Checked && !o.uncheckedStreams {
+		if err == nil && !rep.Checked && !rules.unchecked {
 			rep.problem("the JSONL stream carries no checksums (written by hand, or by siphon before streams were checked): " +
-				"nothing vouches for its content; write it with canonical.Encoder, or accept it with WithUncheckedStreams")
+				"nothing vouches for its content; write it with canonical.Encoder, or apply it anyway with ApplyOptions.Unchecked")
 		}
 	} else {
-		err = verifyEnvelope(ctx, br, rep, o)
+		err = verifyEnvelope(ctx, br, rep, rules)
 	}
 	if err != nil {
 		return nil, errorf("siphon: verify: %w", err)
@@ -175,7 +188,7 @@ func isReadError(err *canonical.DecodeError) bool {
 }
 
 // verifyEnvelope checks an envelope and its body.
-func verifyEnvelope(ctx context.Context, r io.Reader, rep *VerifyReport, o *options) error {
+func verifyEnvelope(ctx context.Context, r io.Reader, rep *VerifyReport, rules streamRules) error {
 	er := canonical.NewEnvelopeReader(r)
 	h, err := er.Header()
 	if err != nil {
@@ -191,7 +204,7 @@ func verifyEnvelope(ctx context.Context, r io.Reader, rep *VerifyReport, o *opti
 	case canonical.BodyPgDumpDirectoryTar:
 		err = verifyDumpTar(ctx, er, h, rep)
 	case canonical.BodyJSONL:
-		err = verifyJSONL(er, rep, &h, o)
+		err = verifyJSONL(er, rep, &h, rules)
 	}
 	if err != nil {
 		return err
@@ -295,9 +308,9 @@ func verifyDumpTar(ctx context.Context, er *canonical.EnvelopeReader, h canonica
 }
 
 // verifyJSONL decodes a JSONL stream to its end, checking it against its
-// envelope's header, if any, and authenticating it with o's keys.
-func verifyJSONL(r io.Reader, rep *VerifyReport, env *canonical.EnvelopeHeader, o *options) error {
-	d := o.newDecoder(r)
+// envelope's header, if any, and authenticating it with the rules' keys.
+func verifyJSONL(r io.Reader, rep *VerifyReport, env *canonical.EnvelopeHeader, rules streamRules) error {
+	d := rules.newDecoder(r)
 	jh, err := d.Header()
 	if err != nil {
 		return streamProblem(rep, err)
@@ -325,7 +338,7 @@ func verifyJSONL(r io.Reader, rep *VerifyReport, env *canonical.EnvelopeHeader, 
 		}
 		if rec.Type == canonical.RecordChange && rec.Change.Op == canonical.OpDDL {
 			if rep.SchemaChanges++; rep.SchemaChanges == 1 {
-				if err := o.checkSchemaChange(d, rec); err != nil {
+				if err := rules.checkSchemaChange(d, rec); err != nil {
 					rep.problem("JSONL body: %v", err)
 				}
 			}
@@ -382,26 +395,29 @@ type ChainReport struct {
 // they form one chain: one system identifier and timeline, every link
 // after the first an incremental that starts exactly where the previous
 // one ended (a gap loses changes, an overlap repeats them), and, between
-// envelopes, each Previous naming the previous link. It returns an error
-// only when it could not read a link. Like Verify it touches no database:
+// envelopes, each Previous naming the previous link. Each link is read
+// from its current offset to its end. It returns an error only when it
+// could not read a link. Like Verify it touches no database:
 // [VerifyStreamChain] does the same with no Conn.
-func (c *Conn) VerifyChain(ctx context.Context, links ...io.Reader) (*ChainReport, error) {
-	return verifyChain(ctx, links, &c.opts)
+func (c *Conn) VerifyChain(ctx context.Context, links ...io.ReadSeeker) (*ChainReport, error) {
+	return verifyChain(ctx, links, c.rules(ApplyOptions{}))
 }
 
 // VerifyStreamChain is [Conn.VerifyChain] without a Conn, as
-// [VerifyStream] is [Conn.Verify]: links are the chain's streams in order,
-// and of opts only those VerifyStream takes have an effect.
-func VerifyStreamChain(ctx context.Context, links []io.Reader, opts ...Option) (*ChainReport, error) {
-	o := verifyOptions(opts)
-	return verifyChain(ctx, links, &o)
+// [VerifyStream] is [Conn.Verify].
+func VerifyStreamChain(ctx context.Context, opt VerifyOptions, links ...io.ReadSeeker) (*ChainReport, error) {
+	rules, err := opt.rules()
+	if err != nil {
+		return nil, err
+	}
+	return verifyChain(ctx, links, rules)
 }
 
-// verifyChain is VerifyChain, with options o as for verifyStream.
-func verifyChain(ctx context.Context, links []io.Reader, o *options) (*ChainReport, error) {
+// verifyChain is VerifyChain, with the call's rules.
+func verifyChain(ctx context.Context, links []io.ReadSeeker, rules streamRules) (*ChainReport, error) {
 	chain := &ChainReport{}
 	for i, r := range links {
-		rep, err := verifyStream(ctx, r, o)
+		rep, err := verifyStream(ctx, r, rules)
 		if err != nil {
 			return nil, errorf("siphon: verify chain, link %d: %w", i+1, err)
 		}

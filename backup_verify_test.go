@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -297,11 +296,7 @@ func TestVerifyChainChecksContiguity(t *testing.T) {
 	require.True(t, rep.OK)
 	sys, tl, p := rep.SystemID, rep.Timeline, rep.Start
 	verify := func(links ...[]byte) *siphon.ChainReport {
-		readers := make([]io.Reader, len(links))
-		for i, l := range links {
-			readers[i] = bytes.NewReader(l)
-		}
-		chain, err := c.VerifyChain(context.Background(), readers...)
+		chain, err := c.VerifyChain(context.Background(), readers(links...)...)
 		require.NoError(t, err)
 		return chain
 	}

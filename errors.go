@@ -12,21 +12,25 @@ import (
 	"time"
 
 	"github.com/siphondb/siphon/canonical"
+	dsnpkg "github.com/siphondb/siphon/internal/dsn"
 	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
 
 // Errors of the Conn itself that callers can branch on with errors.Is.
 var (
-	// ErrClosed means the Conn was closed: make a new one with Connect.
-	ErrClosed = errors.New("siphon: the Conn is closed")
+	// ErrClosed means the Conn, or the Snapshot, was closed: make a new
+	// one (Connect, Conn.TakeSnapshot).
+	ErrClosed = errors.New("siphon: used after Close")
 	// ErrAlreadyStreaming means the Conn is streaming its slot already
 	// (StreamChanges, BackupIncremental or Replicate): a slot is read by
 	// one stream at a time; wait for that one to return, or use a Conn
 	// with another slot.
 	ErrAlreadyStreaming = errors.New("siphon: this Conn is already streaming its slot")
-	// ErrNilCallback means a callback argument is nil.
-	ErrNilCallback = errors.New("siphon: the callback is nil")
+	// ErrNilArgument means an argument a call needs is nil or missing (a
+	// callback, a target Conn, what an earlier call returned); the error
+	// wrapping it names the argument.
+	ErrNilArgument = errors.New("siphon: a required argument is nil")
 )
 
 // Retryable reports whether err says the operation may succeed when it is
@@ -39,10 +43,11 @@ var (
 // a checksum error...) are not retryable, nor is a cancelled ctx.
 func Retryable(err error) bool {
 	var blocked *SlotBlockedError
+	var interrupted *StreamInterruptedError
 	switch {
 	case err == nil:
 		return false
-	case errors.Is(err, ErrStreamInterrupted), errors.Is(err, ErrSlotInUse), errors.Is(err, ErrApplyInProgress),
+	case errors.As(err, &interrupted), errors.Is(err, ErrSlotInUse), errors.Is(err, ErrApplyInProgress),
 		errors.As(err, &blocked):
 		return true
 	}
@@ -64,9 +69,9 @@ var (
 	// ErrUnchecked means a canonical stream carries no checksums (it was
 	// written by hand, or by siphon before streams were checked), so
 	// nothing vouches for its bytes: write it with a canonical.Encoder, or
-	// accept such streams with WithUncheckedStreams.
+	// apply it anyway with ApplyOptions.Unchecked.
 	ErrUnchecked = errors.New("siphon: the stream carries no checksums (written by hand or by an older siphon): " +
-		"its bytes cannot be verified; write it with canonical.Encoder, or connect WithUncheckedStreams to apply it anyway")
+		"its bytes cannot be verified; write it with canonical.Encoder, or apply it anyway with ApplyOptions.Unchecked")
 	// ErrNotCanonical means the stream given to ConsumeCanonical is not a
 	// canonical stream: a pg_dump backup, or not a siphon stream at all.
 	ErrNotCanonical = errors.New("siphon: not a canonical stream")
@@ -114,7 +119,7 @@ func (e *ApplyGapError) Error() string {
 // it was applied; every transaction before it was.
 type SchemaChangeError struct {
 	// Position is the source transaction's commit LSN (its begin's
-	// Position), which [WithSkippedSchemaChange] takes.
+	// Position), which [ApplyOptions].SkipSchemaChanges takes.
 	Position  canonical.Position
 	Tag       string
 	Statement string
@@ -131,7 +136,7 @@ func (e *SchemaChangeError) Error() string {
 	} else {
 		what += fmt.Sprintf(" failed on the target: %v", e.Err)
 	}
-	return fmt.Sprintf("%s; the statement: %s; make the target's schema what the source's became (by hand), then apply again with WithSkippedSchemaChange(%v)",
+	return fmt.Sprintf("%s; the statement: %s; make the target's schema what the source's became (by hand), then apply again with SkipSchemaChanges: []canonical.Position{%v} in ApplyOptions (or ReplicateOptions)",
 		what, shortStatement(e.Statement), e.Position)
 }
 
@@ -190,22 +195,15 @@ func (e *ForeignKeyOrderError) Error() string {
 // [BackupOptions].SerializableDeferrable is set: see there.
 var ErrSerializableDeferrable = pgdump.ErrSnapshotSerializable
 
-// Errors of [Conn.RestoreChain] callers can branch on with errors.Is.
-var (
-	// ErrBrokenChain means the backups given to RestoreChain do not form
-	// one chain; the error is a [*ChainError] naming the first bad link.
-	ErrBrokenChain = errors.New("siphon: broken backup chain")
-	// ErrTargetBeforeBase means RestoreChain was asked for a target
-	// Position before the base backup's, or a target time before the base
-	// backup was taken: no restore can reach it.
-	ErrTargetBeforeBase = errors.New("siphon: the target is before the chain's base backup")
-)
+// ErrTargetBeforeBase means [Conn.RestoreChain] was asked for a target
+// Position before the base backup's, or a target time before the base
+// backup was taken: no restore can reach it.
+var ErrTargetBeforeBase = errors.New("siphon: the target is before the chain's base backup")
 
 // ChainError is returned by [Conn.RestoreChain] when the chain it was given
 // does not verify ([Conn.VerifyChain]): a link is damaged, or does not
 // continue the previous one (a missing, repeated or reordered incremental,
-// another cluster or timeline). Nothing was restored. It matches
-// [ErrBrokenChain] with errors.Is.
+// another cluster or timeline). Nothing was restored.
 type ChainError struct {
 	// Link is the first bad link, 1-based: 1 is the base backup, 2 the
 	// first incremental.
@@ -219,9 +217,6 @@ type ChainError struct {
 func (e *ChainError) Error() string {
 	return fmt.Sprintf("siphon: restore chain refused, nothing was restored: link %d: %s", e.Link, strings.Join(e.Problems, "; "))
 }
-
-// Unwrap returns [ErrBrokenChain].
-func (e *ChainError) Unwrap() error { return ErrBrokenChain }
 
 // Errors of [Conn.Restore] callers can branch on with errors.Is.
 var (
@@ -252,8 +247,10 @@ var ErrCaptureNeedsSuperuser = errors.New("siphon: schema capture needs a superu
 
 // Errors callers can branch on with errors.Is.
 var (
-	// ErrInvalidDSN means the connection string does not parse.
-	ErrInvalidDSN = errors.New("siphon: invalid DSN")
+	// ErrInvalidDSN means the connection string does not parse; the
+	// error wrapping it says which part is wrong, never quoting a
+	// password. It is the same error as pgdump.ErrInvalidDSN.
+	ErrInvalidDSN = dsnpkg.ErrInvalid
 	// ErrSlotInUse means a replication slot is active in another session.
 	ErrSlotInUse = errors.New("siphon: replication slot is in use")
 )
@@ -310,9 +307,6 @@ func (e *SlotBlockedError) Error() string {
 	return b.String()
 }
 
-// ErrStreamInterrupted is matched (errors.Is) by every [*StreamInterruptedError].
-var ErrStreamInterrupted = errors.New("siphon: change stream interrupted")
-
 // StreamInterruptedError reports that the replication connection broke: the
 // network failed, the server shut down, or the walsender was terminated
 // (pg_terminate_backend, wal_sender_timeout). It is retryable: call
@@ -329,9 +323,6 @@ func (e *StreamInterruptedError) Error() string {
 }
 
 func (e *StreamInterruptedError) Unwrap() error { return e.Err }
-
-// Is makes errors.Is(err, ErrStreamInterrupted) true.
-func (e *StreamInterruptedError) Is(target error) bool { return target == ErrStreamInterrupted }
 
 // GapReason says why a [ResumeGapError] was returned.
 type GapReason string
@@ -467,7 +458,7 @@ func (e *prefixedError) Unwrap() error { return e.err }
 // holds it was applied; every transaction before it was.
 type UntrustedSchemaChangeError struct {
 	// Position is the source transaction's commit LSN (its begin's
-	// Position), which [WithSkippedSchemaChange] takes.
+	// Position), which [ApplyOptions].SkipSchemaChanges takes.
 	Position canonical.Position
 	// Role is the role the statement ran as on the source (DDL.Role);
 	// SessionRole the role that logged in, on which trust is decided.
@@ -496,7 +487,7 @@ func (e *UntrustedSchemaChangeError) Error() string {
 		fix = "if the target may run it as the source role, give WithRoleDependentSchemaChanges()"
 	}
 	return fmt.Sprintf("siphon: the schema change (%s) of the source transaction committed at %v, made by %s, is not trusted: %s; the statement: %s; "+
-		"%s, or make the target's schema what it should be by hand and apply again with WithSkippedSchemaChange(%v)",
+		"%s, or make the target's schema what it should be by hand and apply again with SkipSchemaChanges: []canonical.Position{%v} in ApplyOptions (or ReplicateOptions)",
 		e.Tag, e.Position, who, e.Reason, stmt, fix, e.Position)
 }
 
@@ -526,4 +517,4 @@ func (e *SchemaCaptureForeignError) Error() string {
 // and whoever could write the stream chose it.
 var ErrUnauthenticatedSchemaChange = errors.New("siphon: a schema change in a stream that is not authenticated with the Conn's key: " +
 	"write the stream with a Conn made WithStreamKey and read it with the same key (or a previous one), " +
-	"or connect WithUnauthenticatedSchemaChanges to run schema changes of streams you trust")
+	"or apply with ApplyOptions.UnauthenticatedSchemaChanges to run the schema changes of a stream you trust")

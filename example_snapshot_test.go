@@ -52,7 +52,7 @@ func ExampleSnapshot_CopyTables() {
 	}
 	defer snap.Close(ctx)
 	// Rows arrive on this goroutine, one at a time.
-	err = snap.CopyTables(ctx, schema, func(t *canonical.Table, row canonical.Row) error {
+	err = snap.CopyTables(ctx, schema, siphon.CopyOptions{}, func(t *canonical.Table, row canonical.Row) error {
 		fmt.Println(t.Name, row)
 		return nil
 	})

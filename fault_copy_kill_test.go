@@ -59,7 +59,7 @@ var copyKillSource = []string{
 const copyKillState = `CREATE TABLE kc_state (id int PRIMARY KEY CHECK (id = 1), checkpoint text NOT NULL, committed int8 NOT NULL)`
 
 // TestKillSnapshotCopyAtRandomPointsResumes runs a resumable snapshot copy
-// (CopyTables with CopyCheckpoints and ResumeCopy) into a target database
+// (CopyTables with CopyOptions' Checkpoint and Resume) into a target database
 // in a child process, SIGKILLs it at random moments mid-table N times
 // (SIPHON_COPY_KILL_ROUNDS, default 10) while a light workload changes one
 // of the tables, then lets a last child finish the copy and streams the
@@ -77,7 +77,7 @@ const copyKillState = `CREATE TABLE kc_state (id int PRIMARY KEY CHECK (id = 1),
 // so its rows are inserted as they come and any row delivered twice shows as
 // a duplicate; kc_accounts is changed under the copy, so a resumed copy
 // sees its rows in two snapshots (a row updated into a range not copied yet
-// comes again) and its rows are upserted by primary key, as ResumeCopy
+// comes again) and its rows are upserted by primary key, as CopyOptions.Resume
 // requires.
 func TestKillSnapshotCopyAtRandomPointsResumes(t *testing.T) {
 	t.Parallel()
@@ -410,12 +410,12 @@ func copyResumeChild() error {
 	}
 	defer snap.Close(context.Background())
 	fmt.Printf("T %v\n", snap.Position())
-	opts := []siphon.CopyOption{siphon.CopyCheckpoints(0, func(cp *siphon.CopyCheckpoint) error { return l.commit(ctx, cp) })}
+	opt := siphon.CopyOptions{Checkpoint: func(cp *siphon.CopyCheckpoint) error { return l.commit(ctx, cp) }}
 	if resume != nil {
 		fmt.Printf("F %d\n", l.committed)
-		opts = append(opts, siphon.ResumeCopy(resume, l.restart))
+		opt.Resume, opt.Restart = resume, l.restart
 	}
-	if err := snap.CopyTables(ctx, schema, l.row, opts...); err != nil {
+	if err := snap.CopyTables(ctx, schema, opt, l.row); err != nil {
 		return err
 	}
 	fmt.Println("done")

@@ -98,7 +98,7 @@ func TestSourceRestartMidStreamLosesNothing(t *testing.T) {
 		restarts, held, slowest.Round(time.Millisecond), res.interrupted, progress.applied.Load(), load.committed, load.failed,
 		load.reconnects, time.Since(began).Round(time.Millisecond))
 
-	assert.GreaterOrEqual(t, res.interrupted, held, "every restart while emit held the stream reached the loop as ErrStreamInterrupted")
+	assert.GreaterOrEqual(t, res.interrupted, held, "every restart while emit held the stream reached the loop as a *StreamInterruptedError")
 	applied, err := tgt.AppliedPositionFor(ctx, systemID, slot)
 	require.NoError(t, err)
 	assert.Equal(t, res.end, applied, "the target stands at the source's last commit")
@@ -163,7 +163,7 @@ func TestSourceFastShutdownWithIdleStream(t *testing.T) {
 	select {
 	case err := <-streamed:
 		require.ErrorAs(t, err, &intr)
-		assert.ErrorIs(t, err, siphon.ErrStreamInterrupted)
+		assert.ErrorAs(t, err, new(*siphon.StreamInterruptedError))
 	case <-time.After(waitDeadline):
 		t.Fatal("the stream did not end when its server restarted")
 	}
@@ -301,7 +301,7 @@ type restartLoop struct {
 
 type restartLoopResult struct {
 	end         canonical.Position
-	interrupted int // ErrStreamInterrupted errors retried
+	interrupted int // *StreamInterruptedError errors retried
 }
 
 func startRestartLoop(ctx context.Context, src, tgt *siphon.Conn, systemID, slot string, progress *heldProgress) *restartLoop {

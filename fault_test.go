@@ -371,7 +371,7 @@ func faultChild() error {
 			return nil
 		}
 		retry := errors.Is(err, siphon.ErrSlotInUse) || errors.Is(err, siphon.ErrApplyInProgress) ||
-			errors.Is(err, siphon.ErrStreamInterrupted)
+			errors.As(err, new(*siphon.StreamInterruptedError))
 		if !retry || attempt == 5 {
 			return fmt.Errorf("attempt %d: %w", attempt, err)
 		}

@@ -32,17 +32,12 @@ type options struct {
 	failover       bool // WithFailoverSlot
 	// triggersOnApply: apply as an ordinary session (WithTriggersOnApply).
 	triggersOnApply bool
-	// uncheckedStreams: accept canonical streams without checksums.
-	uncheckedStreams bool
 	// keyless is what happens to tables without a usable replica
 	// identity; keylessChosen tells WithKeylessTables was given.
 	keyless       KeylessTables
 	keylessChosen bool
 	// noSchemaCapture: do not install the capture of schema changes.
 	noSchemaCapture bool
-	// skippedSchemaChanges are the source transactions (by commit LSN)
-	// whose schema changes apply skips.
-	skippedSchemaChanges []canonical.Position
 	// trustedSchemaRoles are the source roles whose
 	// schema changes apply runs; roleDependentSchemaChanges lets it run
 	// statements whose meaning depends on who runs them.
@@ -56,8 +51,6 @@ type options struct {
 	// none); streamKeyProblem what is wrong with them, if anything.
 	streamKeys       [][]byte
 	streamKeyProblem string
-	// unauthenticatedDDL: apply DDL records of unauthenticated streams.
-	unauthenticatedDDL bool
 }
 
 func defaultOptions() options {
@@ -231,17 +224,6 @@ func WithKeylessTables(k KeylessTables) Option {
 // refused with a [*TriggersWouldFireError] where such logic exists.
 func WithTriggersOnApply() Option { return func(o *options) { o.triggersOnApply = true } }
 
-// WithUncheckedStreams makes [Conn.ConsumeCanonical], [Conn.RestoreChain],
-// [Conn.Verify] and [Conn.VerifyChain] accept canonical streams that carry
-// no checksums (see [canonical.Header].Checked): streams written by hand,
-// or by siphon before streams were checked. Nothing then vouches for their
-// bytes: a changed value is applied as it reads. Streams written by a
-// [canonical.Encoder] (EmitCanonical, BackupIncremental, recorded streams,
-// hand-made streams built with an Encoder) are always checked and need no
-// option. Defaults to off: such a stream is refused with [ErrUnchecked]
-// (flagged as a problem by Verify), before anything is applied.
-func WithUncheckedStreams() Option { return func(o *options) { o.uncheckedStreams = true } }
-
 // WithoutSchemaCapture makes a Conn ignore the capture of schema changes
 // (see [Conn.InstallSchemaCapture]) even where it is installed for its
 // publication, and keeps Preflight from warning about it. The change
@@ -253,15 +235,6 @@ func WithUncheckedStreams() Option { return func(o *options) { o.uncheckedStream
 // installed it for its publication (nothing installs it on its own).
 func WithoutSchemaCapture() Option {
 	return func(o *options) { o.noSchemaCapture, o.source = true, true }
-}
-
-// WithSkippedSchemaChange makes apply skip the schema changes of the
-// source transaction committed at pos (a [*SchemaChangeError]'s
-// Position), after making the target's schema what the source's became by
-// hand: its rows are applied, its DDL is not. Give it once per such
-// transaction.
-func WithSkippedSchemaChange(pos canonical.Position) Option {
-	return func(o *options) { o.skippedSchemaChanges = append(o.skippedSchemaChanges, pos) }
 }
 
 var slotNamePattern = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -500,20 +473,4 @@ func WithStreamKey(key []byte, previous ...[]byte) Option {
 			o.streamKeys = append(o.streamKeys, bytes.Clone(k))
 		}
 	}
-}
-
-// WithUnauthenticatedSchemaChanges makes [Conn.ConsumeCanonical] and
-// [Conn.RestoreChain] run the schema changes (DDL records) of canonical
-// streams that are not authenticated with one of the Conn's keys (see
-// [WithStreamKey]), and [Conn.Verify] and [Conn.VerifyChain] accept them.
-// A schema change runs a statement on the target as the applying role:
-// whoever could write the stream (backup storage, a file's path, a message
-// subject) chooses what runs, "COPY ... TO PROGRAM" included. Give it only
-// for streams whose every byte you trust. Row changes of unauthenticated
-// streams are applied either way: they are data, bound as parameters.
-// Defaults to off: such a schema change is refused with
-// [ErrUnauthenticatedSchemaChange] before anything of its source
-// transaction is applied.
-func WithUnauthenticatedSchemaChanges() Option {
-	return func(o *options) { o.unauthenticatedDDL = true }
 }

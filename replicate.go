@@ -33,6 +33,11 @@ type ReplicateOptions struct {
 	Progress func(ReplicateProgress)
 	// ProgressInterval is how often Progress is called. Defaults to 1s.
 	ProgressInterval time.Duration
+	// SkipSchemaChanges lists source transactions, by the Position of
+	// their commit (a [*SchemaChangeError]'s Position), whose schema
+	// changes are not run on the target, as [ApplyOptions] has it.
+	// Defaults to none.
+	SkipSchemaChanges []canonical.Position
 }
 
 // ReplicateProgress is a report of [Conn.Replicate].
@@ -90,7 +95,7 @@ type ReplicateProgress struct {
 // otherwise.
 func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOptions) (canonical.Position, error) {
 	if target == nil {
-		return 0, errorf("siphon: replicate: target: %w", ErrNilCallback)
+		return 0, errorf("siphon: replicate: the target Conn: %w", ErrNilArgument)
 	}
 	if opts.ProgressInterval < 0 {
 		return 0, &OptionError{Option: "ReplicateOptions.ProgressInterval", Problem: "negative", Fix: "use a positive interval, or 0 for 1s"}
@@ -166,6 +171,7 @@ func (c *Conn) startReplica(ctx context.Context, target *Conn, opts ReplicateOpt
 		r.session.close()
 		return r, err
 	}
+	r.session.skip = opts.SkipSchemaChanges
 	r.session.committed = func(pos canonical.Position, txs, changes int) {
 		r.durable.Store(uint64(pos))
 		r.txs.Add(int64(txs))

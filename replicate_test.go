@@ -271,7 +271,7 @@ func TestReplicateRefusals(t *testing.T) {
 	srcDSN, _ := newDatabase(t)
 	c, slot := streamConn(t, srcDSN)
 	_, err := c.Replicate(ctx, nil, siphon.ReplicateOptions{})
-	require.ErrorIs(t, err, siphon.ErrNilCallback)
+	require.ErrorIs(t, err, siphon.ErrNilArgument)
 
 	dstDSN, _ := newDatabase(t)
 	target, err := siphon.Connect(ctx, dstDSN)

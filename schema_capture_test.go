@@ -238,7 +238,8 @@ func TestSchemaChangesWithoutCapture(t *testing.T) {
 // function, whose text the server does not report. Each stops the apply
 // with a *SchemaChangeError naming the statement and the transaction, with
 // nothing of that transaction applied and every one before it; once the
-// target is put right by hand, WithSkippedSchemaChange goes on past it.
+// target is put right by hand, ApplyOptions.SkipSchemaChanges goes on past
+// it, for the call that names it.
 func TestSchemaChangeRefusals(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -269,24 +270,23 @@ func TestSchemaChangeRefusals(t *testing.T) {
 	require.ErrorAs(t, apply.ConsumeCanonical(ctx, bytes.NewReader(inc.Bytes())), &failed)
 	assert.Equal(t, "CREATE INDEX items_v ON items (v)", failed.Statement)
 	assert.Contains(t, failed.Error(), `relation "items_v" already exists`)
-	assert.Contains(t, failed.Error(), fmt.Sprintf("WithSkippedSchemaChange(%v)", failed.Position))
+	assert.Contains(t, failed.Error(), fmt.Sprintf("SkipSchemaChanges: []canonical.Position{%v}", failed.Position))
 	assert.Equal(t, []string{"1"}, column(t, target, `SELECT id::text FROM items ORDER BY id`), "the transaction before it, and nothing of its own")
 
 	// Put right by hand: the index under the source's name.
 	execSQL(t, target, `DROP INDEX items_v`, `CREATE INDEX items_v ON items (v)`)
-	skipping, err := siphon.Connect(ctx, targetDSN, siphon.WithStreamKey(authKey), siphon.WithSkippedSchemaChange(failed.Position))
-	require.NoError(t, err)
-	defer skipping.Close()
+	skip := siphon.ApplyOptions{SkipSchemaChanges: []canonical.Position{failed.Position}}
 	var unreplayable *siphon.SchemaChangeError
-	require.ErrorAs(t, skipping.ConsumeCanonical(ctx, bytes.NewReader(inc.Bytes())), &unreplayable)
+	require.ErrorAs(t, apply.ConsumeCanonicalWith(ctx, skip, bytes.NewReader(inc.Bytes())), &unreplayable)
 	assert.Contains(t, unreplayable.Problem, "SQL-language function")
 	assert.Equal(t, []string{"1", "2"}, column(t, target, `SELECT id::text FROM items ORDER BY id`))
 
 	execSQL(t, target, `ALTER TABLE items ADD COLUMN w int`)
-	both, err := siphon.Connect(ctx, targetDSN, siphon.WithStreamKey(authKey), siphon.WithSkippedSchemaChange(failed.Position), siphon.WithSkippedSchemaChange(unreplayable.Position))
-	require.NoError(t, err)
-	defer both.Close()
-	require.NoError(t, both.ConsumeCanonical(ctx, bytes.NewReader(inc.Bytes())))
+	var again *siphon.SchemaChangeError
+	require.ErrorAs(t, apply.ConsumeCanonical(ctx, bytes.NewReader(inc.Bytes())), &again, "the skip held for that call only")
+	assert.Equal(t, unreplayable.Position, again.Position)
+	skip.SkipSchemaChanges = append(skip.SkipSchemaChanges, unreplayable.Position)
+	require.NoError(t, apply.ConsumeCanonicalWith(ctx, skip, bytes.NewReader(inc.Bytes())))
 	assertSameAsSource(t, src, target, "once put right by hand")
 }
 

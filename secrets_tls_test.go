@@ -221,7 +221,7 @@ func TestDSNSettingsReachEverySession(t *testing.T) {
 				defer snap.Close(ctx)
 				var during []markedSession
 				rows := 0
-				require.NoError(t, snap.CopyTables(ctx, schema, func(*canonical.Table, canonical.Row) error {
+				require.NoError(t, snap.CopyTables(ctx, schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error {
 					if rows++; rows == 1 {
 						during = markedSessions(t, admin, marker)
 					}

@@ -107,8 +107,8 @@
 // that ran it where the target has it; a statement the target refuses, or
 // one siphon cannot replay with certainty, stops the
 // apply with a [*SchemaChangeError], nothing of that transaction applied
-// (see [WithSkippedSchemaChange] to go on once the target is put right by
-// hand). Statements that fill tables as they create them (CREATE TABLE AS,
+// (see [ApplyOptions].SkipSchemaChanges to go on once the target is put
+// right by hand). Statements that fill tables as they create them (CREATE TABLE AS,
 // SELECT INTO, REFRESH MATERIALIZED VIEW) fill them on the target from the
 // same rows. The trigger also keeps the publications safe: a table created
 // in a transaction joins every publication of all tables before its first
@@ -125,7 +125,7 @@
 // message, which whoever can write it may change: [Conn.ConsumeCanonical]
 // and [Conn.RestoreChain] run its schema changes only when it is
 // authenticated with one of the Conn's keys ([WithStreamKey]), unless
-// [WithUnauthenticatedSchemaChanges]; the column types a stream shows are
+// [ApplyOptions].UnauthenticatedSchemaChanges; the column types a stream shows are
 // checked by the target before they are used. A target applies the schema
 // changes of the source's superusers and of the roles it is told to trust
 // only; SECURITY.md in the repository says whom siphon trusts and what
@@ -152,7 +152,8 @@
 // with [WithRoleDependentSchemaChanges]. Any other schema change stops the
 // apply with an [*UntrustedSchemaChangeError] naming the role and the
 // option to give, nothing of its transaction applied: it is never applied
-// nor skipped silently ([WithSkippedSchemaChange] skips it when asked).
+// nor skipped silently ([ApplyOptions].SkipSchemaChanges skips it when
+// asked).
 //
 // # Sequences
 //
@@ -271,7 +272,7 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	if err != nil {
 		// The parse error may quote the DSN, password included: say which
 		// part is wrong in words that quote no secret.
-		return nil, fmt.Errorf("%w: %s", ErrInvalidDSN, dsnpkg.Problem(dsn))
+		return nil, errorf("siphon: %w: %s", ErrInvalidDSN, dsnpkg.Problem(dsn))
 	}
 	for name, value := range sessionSettings {
 		if _, set := poolConfig.ConnConfig.RuntimeParams[name]; set && name == "application_name" {

@@ -133,7 +133,7 @@ func (h *heldBases) release() {
 // lost its WAL means the base cannot be continued: take a new one.
 func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) error {
 	if info == nil {
-		return errorf("siphon: capture base end: info: %w (pass what CreateBaseSlot returned)", ErrNilCallback)
+		return errorf("siphon: capture base end: the base info: %w (pass what CreateBaseSlot returned)", ErrNilArgument)
 	}
 	held := c.bases.take(info.Slot)
 	slot := info.Slot

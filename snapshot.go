@@ -2,7 +2,6 @@ package siphon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sync/atomic"
@@ -68,18 +67,18 @@ type RowFunc func(table *canonical.Table, row canonical.Row) error
 
 // CopyTables copies the rows of schema's tables as the snapshot sees them
 // and passes each to fn. A nil schema means every table siphon's
-// publication publishes.
+// publication publishes. opt adds checkpoints and resuming (see
+// [CopyOptions]); its zero value copies every table whole.
 //
 // Rows arrive table by table, in the order of schema.Tables. A large table
 // is split into ranges of row locations (ctid), copied in parallel by
 // several sessions importing the snapshot (see [WithCopySessions]): the rows
 // of one range arrive in physical order, and ranges interleave. fn, the
-// [WithProgress] function and the checkpoint function of [CopyCheckpoints]
-// are all called from the goroutine that called CopyTables, one call at a
-// time, so fn needs no locking. A partitioned table's rows are copied
-// through its leaf partitions: a leaf that schema lists itself is delivered
-// as that table, the others under the nearest partitioned ancestor that
-// schema lists.
+// [WithProgress] function and opt's Checkpoint function are all called from
+// the goroutine that called CopyTables, one call at a time, so fn needs no
+// locking. A partitioned table's rows are copied through its leaf
+// partitions: a leaf that schema lists itself is delivered as that table,
+// the others under the nearest partitioned ancestor that schema lists.
 //
 // Values are canonical text (see [canonical.Value]), equal to what the
 // change stream carries for the same row. The copy holds no table in memory:
@@ -94,16 +93,15 @@ type RowFunc func(table *canonical.Table, row canonical.Row) error
 // table waits until the copy ends, or, when it queues between the locks of
 // two copying sessions, makes the copy fail with that error instead of
 // deadlocking.
-func (s *Snapshot) CopyTables(ctx context.Context, schema *canonical.Schema, fn RowFunc, opts ...CopyOption) error {
-	var cfg copyConfig
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if fn == nil {
-		return errors.New("siphon: copy tables: the RowFunc is nil")
-	}
-	if s.closed.Load() {
-		return errors.New("siphon: copy tables: the snapshot is closed: take a new one")
+func (s *Snapshot) CopyTables(ctx context.Context, schema *canonical.Schema, opt CopyOptions, fn RowFunc) error {
+	switch {
+	case fn == nil:
+		return errorf("siphon: copy tables: the RowFunc: %w", ErrNilArgument)
+	case s.closed.Load():
+		return errorf("siphon: copy tables: the snapshot: %w: take a new one", ErrClosed)
+	case opt.CheckpointInterval < 0:
+		return &OptionError{Option: "CopyOptions.CheckpointInterval", Problem: fmt.Sprintf("%v is negative", opt.CheckpointInterval),
+			Fix: "use a positive interval, or 0 for a checkpoint after every batch of rows"}
 	}
 	if schema == nil {
 		var err error
@@ -111,53 +109,52 @@ func (s *Snapshot) CopyTables(ctx context.Context, schema *canonical.Schema, fn 
 			return err
 		}
 	}
-	if err := s.c.copyTables(ctx, s, schema, fn, cfg); err != nil {
+	if err := s.c.copyTables(ctx, s, schema, fn, opt); err != nil {
 		return errorf("siphon: copy tables: %w", err)
 	}
 	return nil
 }
 
-// CopyOption configures one [Snapshot.CopyTables] call.
-type CopyOption func(*copyConfig)
-
-type copyConfig struct {
-	checkpoint      func(*CopyCheckpoint) error
-	checkpointEvery time.Duration
-	resume          *CopyCheckpoint
-	restart         func(TableCheckpoint) error
-}
-
-// CopyCheckpoints makes [Snapshot.CopyTables] call fn with a
-// [CopyCheckpoint] that covers exactly the rows passed to its RowFunc so
-// far: at most once per interval (after every batch of rows when interval is
-// zero) and once when the copy is complete. fn is called between rows, on
-// the goroutine that called CopyTables. Persist the checkpoint in the same
-// transaction as the rows it covers, and an interrupted copy can continue
-// from it with [ResumeCopy]. An error from fn stops the copy.
-//
-// To mark exactly how far each range has come, every row is read with its
-// ctid, which costs a few percent of speed.
-func CopyCheckpoints(interval time.Duration, fn func(*CopyCheckpoint) error) CopyOption {
-	return func(c *copyConfig) { c.checkpoint, c.checkpointEvery = fn, interval }
-}
-
-// ResumeCopy makes [Snapshot.CopyTables] continue the copy that wrote cp,
-// in this (newer) snapshot: it copies only what cp does not cover.
-//
-// A relation (a table or leaf partition) whose copy cp records as done is
-// not copied again. One copied in part resumes after its last mark when it
-// is safe to: its relfilenode is the same as when its copy started (no
-// VACUUM FULL, CLUSTER, TRUNCATE or rewriting ALTER TABLE since), and no
-// value of it can be stored out of line (it has no TOAST relation, or its
-// TOAST relation was empty then and is empty now). Its rows then come from
-// two snapshots, and the change stream must be applied idempotently (an
-// insert as an upsert, as [Conn.ApplyChange] does) from cp's Position.
-// Otherwise the relation is copied again from scratch in this snapshot:
-// restart is called first with its old entry, so the caller can discard the
-// rows it kept from it, and its new entry's Position is this snapshot's (see
-// [CopyCheckpoint.Covers]). A nil restart makes such a copy fail instead.
-func ResumeCopy(cp *CopyCheckpoint, restart func(TableCheckpoint) error) CopyOption {
-	return func(c *copyConfig) { c.resume, c.restart = cp, restart }
+// CopyOptions are the optional parts of one [Snapshot.CopyTables] call:
+// checkpoints that say how far the copy came, and resuming a copy from
+// one. The zero value copies every table from its start, without
+// checkpoints.
+type CopyOptions struct {
+	// Checkpoint, when set, is called with a [CopyCheckpoint] that covers
+	// exactly the rows passed to the RowFunc so far: at most once per
+	// CheckpointInterval and once when the copy is complete. It is called
+	// between rows, on the goroutine that called CopyTables. Persist the
+	// checkpoint in the same transaction as the rows it covers, and an
+	// interrupted copy can continue from it (Resume). An error from it
+	// stops the copy. To mark exactly how far each range has come, every
+	// row is then read with its ctid, which costs a few percent of speed.
+	// Defaults to none.
+	Checkpoint func(*CopyCheckpoint) error
+	// CheckpointInterval is the least time between two calls of
+	// Checkpoint. Defaults to 0: after every batch of rows.
+	CheckpointInterval time.Duration
+	// Resume, when set, makes CopyTables continue the copy that wrote it,
+	// in this (newer) snapshot: it copies only what Resume does not
+	// cover.
+	//
+	// A relation (a table or leaf partition) whose copy Resume records as
+	// done is not copied again. One copied in part resumes after its last
+	// mark when it is safe to: its relfilenode is the same as when its
+	// copy started (no VACUUM FULL, CLUSTER, TRUNCATE or rewriting ALTER
+	// TABLE since), and no value of it can be stored out of line (it has
+	// no TOAST relation, or its TOAST relation was empty then and is empty
+	// now). Its rows then come from two snapshots, and the change stream
+	// must be applied idempotently (an insert as an upsert, as
+	// [Conn.ApplyChange] does) from Resume's Position. Otherwise the
+	// relation is copied again from scratch in this snapshot: Restart is
+	// called first with its old entry, so the caller can discard the rows
+	// it kept from it, and its new entry's Position is this snapshot's
+	// (see [CopyCheckpoint.Covers]). Defaults to nil: a copy from scratch.
+	Resume *CopyCheckpoint
+	// Restart is called for each relation of Resume that must be copied
+	// again from scratch, before its rows come. Defaults to nil: such a
+	// relation makes the copy fail instead.
+	Restart func(TableCheckpoint) error
 }
 
 // EmitCanonical writes a consistent snapshot of schema's tables as
@@ -221,7 +218,7 @@ func (c *Conn) emitSnapshot(ctx context.Context, snap *Snapshot, schema *canonic
 	}
 	err := c.copyTables(ctx, snap, schema, func(t *canonical.Table, row canonical.Row) error {
 		return enc.WriteRow(t.TableName(), row)
-	}, copyConfig{})
+	}, CopyOptions{})
 	if err != nil {
 		return 0, err
 	}

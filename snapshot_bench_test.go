@@ -104,7 +104,7 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 		b.Run(fmt.Sprintf("noop/sessions=%d", sessions), func(b *testing.B) {
 			measure(b, true, func() {
 				n := 0
-				require.NoError(b, snap.CopyTables(ctx, schema, func(*canonical.Table, canonical.Row) error {
+				require.NoError(b, snap.CopyTables(ctx, schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error {
 					n++
 					return nil
 				}))
@@ -114,8 +114,8 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 		b.Run(fmt.Sprintf("checkpoints/sessions=%d", sessions), func(b *testing.B) {
 			// Resumable: every row carries its ctid, checkpoints once a second.
 			measure(b, true, func() {
-				require.NoError(b, snap.CopyTables(ctx, schema, func(*canonical.Table, canonical.Row) error { return nil },
-					siphon.CopyCheckpoints(time.Second, func(*siphon.CopyCheckpoint) error { return nil })))
+				opt := siphon.CopyOptions{CheckpointInterval: time.Second, Checkpoint: func(*siphon.CopyCheckpoint) error { return nil }}
+				require.NoError(b, snap.CopyTables(ctx, schema, opt, func(*canonical.Table, canonical.Row) error { return nil }))
 			})
 		})
 		require.NoError(b, snap.Close(ctx))

@@ -68,7 +68,7 @@ type CTIDRange struct {
 // CopyCheckpoint records how far a copy ([Snapshot.CopyTables]) has come:
 // for each relation it reads, which ranges of rows were passed to the
 // RowFunc. It marshals to JSON; persist it with the rows it covers and pass
-// it to [ResumeCopy] to continue an interrupted copy.
+// it as [CopyOptions].Resume to continue an interrupted copy.
 //
 // Once the copy is complete, stream changes from Position (the earliest of
 // the tables' Positions) and skip those that [CopyCheckpoint.Covers].

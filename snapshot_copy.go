@@ -86,21 +86,21 @@ type copyRun struct {
 	groups   []*copyGroup
 	tasks    []*copyTask
 	// marks is true when checkpoints need every row's ctid (see
-	// CopyCheckpoints); otherwise a task's rows count only once it is done.
+	// CopyOptions.Checkpoint); otherwise a task's rows count only once it is done.
 	marks  bool
 	next   atomic.Int64
 	tokens chan struct{}
 }
 
 // copyTables runs a copy of schema's tables in snapshot s.
-func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Schema, fn RowFunc, cfg copyConfig) (err error) {
+func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Schema, fn RowFunc, cfg CopyOptions) (err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lead, err := c.newSession(ctx)
 	if err != nil {
 		return err
 	}
-	run := &copyRun{c: c, snapshot: s.Name(), position: s.Position(), marks: cfg.checkpoint != nil}
+	run := &copyRun{c: c, snapshot: s.Name(), position: s.Position(), marks: cfg.Checkpoint != nil}
 	sessions, err := run.plan(ctx, lead, schema, cfg)
 	if err != nil {
 		closeSession(lead.PgConn())
@@ -146,7 +146,7 @@ func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Sc
 // plan imports the snapshot in the lead session, checks and locks the
 // tables, and splits the work into tasks. It returns how many sessions may
 // copy.
-func (r *copyRun) plan(ctx context.Context, lead *pgx.Conn, schema *canonical.Schema, cfg copyConfig) (int, error) {
+func (r *copyRun) plan(ctx context.Context, lead *pgx.Conn, schema *canonical.Schema, cfg CopyOptions) (int, error) {
 	if err := importSnapshot(ctx, lead, r.snapshot); err != nil {
 		return 0, err
 	}
@@ -278,19 +278,19 @@ func send(ctx context.Context, g *copyGroup, b *rowBatch) error {
 
 // consume delivers the rows group by group on the caller's goroutine, with
 // progress reports and checkpoints.
-func (r *copyRun) consume(ctx context.Context, fn RowFunc, cfg copyConfig) error {
+func (r *copyRun) consume(ctx context.Context, fn RowFunc, cfg CopyOptions) error {
 	var lastCheckpoint time.Time
 	checkpoint := func(final bool) error {
-		if cfg.checkpoint == nil || (!final && time.Since(lastCheckpoint) < cfg.checkpointEvery) {
+		if cfg.Checkpoint == nil || (!final && time.Since(lastCheckpoint) < cfg.CheckpointInterval) {
 			return nil
 		}
 		lastCheckpoint = time.Now()
-		return cfg.checkpoint(r.checkpoint())
+		return cfg.Checkpoint(r.checkpoint())
 	}
 	for _, g := range r.groups {
 		for _, rel := range g.rels {
 			if rel.restart != nil {
-				if err := cfg.restart(*rel.restart); err != nil {
+				if err := cfg.Restart(*rel.restart); err != nil {
 					return fmt.Errorf("restart %s: %w", rel.name, err)
 				}
 			}

@@ -421,10 +421,10 @@ func (c *Conn) checkCurrent(ctx context.Context, rels []*relPlan) error {
 
 // planResume sets where each relation's copy stands: from scratch in this
 // snapshot, or resumed from cp.
-func planResume(groups []*copyGroup, pos canonical.Position, cfg copyConfig) error {
+func planResume(groups []*copyGroup, pos canonical.Position, cfg CopyOptions) error {
 	prior := map[canonical.TableName]TableCheckpoint{}
-	if cfg.resume != nil {
-		for _, t := range cfg.resume.Tables {
+	if cfg.Resume != nil {
+		for _, t := range cfg.Resume.Tables {
 			prior[t.Relation] = t
 		}
 	}
@@ -439,8 +439,8 @@ func planResume(groups []*copyGroup, pos canonical.Position, cfg copyConfig) err
 			case old.Done || (old.Relfilenode == r.snap.relfilenode && old.TOASTEmpty && r.snap.toastEmpty):
 				r.checkpoint = old.clone()
 				r.checkpoint.Table = g.table.TableName()
-			case cfg.restart == nil:
-				return &SchemaIncompatibleError{Table: r.name, Problem: "the interrupted copy cannot resume (the table was rewritten or has TOAST values) and no restart function was given to ResumeCopy"}
+			case cfg.Restart == nil:
+				return &SchemaIncompatibleError{Table: r.name, Problem: "the interrupted copy cannot resume (the table was rewritten or has TOAST values) and CopyOptions.Restart is nil"}
 			default:
 				o := old.clone()
 				r.restart = &o

@@ -156,7 +156,7 @@ func TestSnapshotThenStreamMatchesSource(t *testing.T) {
 	atSnapshot := w.commits.Load()
 	a := newSnapApplier(t, dstDSN)
 	copied := map[canonical.TableName]int64{}
-	err = snap.CopyTables(ctx, schema, func(table *canonical.Table, row canonical.Row) error {
+	err = snap.CopyTables(ctx, schema, siphon.CopyOptions{}, func(table *canonical.Table, row canonical.Row) error {
 		if len(copied) == 0 {
 			w.waitFor(t, atSnapshot+30) // the source changes under the copy
 		}
@@ -216,7 +216,7 @@ func (l *snapLoader) run(t *testing.T, c *siphon.Conn, schema *canonical.Schema,
 	defer snap.Close(context.Background())
 	l.rows = map[canonical.TableName]int{}
 	require.NoError(t, l.exec("BEGIN"))
-	opts := []siphon.CopyOption{siphon.CopyCheckpoints(0, func(cp *siphon.CopyCheckpoint) error {
+	opt := siphon.CopyOptions{Checkpoint: func(cp *siphon.CopyCheckpoint) error {
 		if err := l.a.flush(); err != nil {
 			return err
 		}
@@ -227,22 +227,23 @@ func (l *snapLoader) run(t *testing.T, c *siphon.Conn, schema *canonical.Schema,
 		}
 		l.saved = saved
 		return l.exec("BEGIN")
-	})}
+	}}
 	if l.saved != nil {
 		var cp siphon.CopyCheckpoint
 		require.NoError(t, json.Unmarshal(l.saved, &cp))
-		opts = append(opts, siphon.ResumeCopy(&cp, func(old siphon.TableCheckpoint) error {
+		opt.Resume = &cp
+		opt.Restart = func(old siphon.TableCheckpoint) error {
 			restarted = append(restarted, old.Relation.Name)
 			return l.exec("DELETE FROM " + pgx.Identifier{old.Relation.Schema, old.Relation.Name}.Sanitize())
-		}))
+		}
 	}
-	err = snap.CopyTables(context.Background(), schema, func(table *canonical.Table, row canonical.Row) error {
+	err = snap.CopyTables(context.Background(), schema, opt, func(table *canonical.Table, row canonical.Row) error {
 		l.rows[table.TableName()]++
 		if table.Name == stopAt && l.rows[table.TableName()] > stopAfter {
 			return errSnapInterrupted
 		}
 		return l.a.row(table, row)
-	}, opts...)
+	})
 	l.a.batch = &pgx.Batch{}
 	require.NoError(t, l.exec("ROLLBACK"))
 	return restarted, err

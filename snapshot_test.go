@@ -57,13 +57,13 @@ func snapTake(t testing.TB, c *siphon.Conn) *siphon.Snapshot {
 
 // snapCopied copies schema's tables from snap and returns each table's
 // rows as "v1|v2|..." lines (NULL printed as ␀), sorted.
-func snapCopied(t testing.TB, snap *siphon.Snapshot, schema *canonical.Schema, opts ...siphon.CopyOption) map[canonical.TableName][]string {
+func snapCopied(t testing.TB, snap *siphon.Snapshot, schema *canonical.Schema) map[canonical.TableName][]string {
 	t.Helper()
 	out := map[canonical.TableName][]string{}
-	err := snap.CopyTables(context.Background(), schema, func(table *canonical.Table, row canonical.Row) error {
+	err := snap.CopyTables(context.Background(), schema, siphon.CopyOptions{}, func(table *canonical.Table, row canonical.Row) error {
 		out[table.TableName()] = append(out[table.TableName()], snapRowLine(row))
 		return nil
-	}, opts...)
+	})
 	require.NoError(t, err)
 	for _, rows := range out {
 		slices.Sort(rows)
@@ -222,7 +222,7 @@ func TestSnapshotValuesMatchServerText(t *testing.T) {
 	types := schema.Table(`Odd "Schema"`, `Types Ü "t"`)
 	require.NotNil(t, types)
 	byID := map[string]canonical.Row{}
-	err = snap.CopyTables(context.Background(), &canonical.Schema{Tables: []canonical.Table{*types}},
+	err = snap.CopyTables(context.Background(), &canonical.Schema{Tables: []canonical.Table{*types}}, siphon.CopyOptions{},
 		func(_ *canonical.Table, row canonical.Row) error {
 			id, _ := row[0].Text()
 			byID[id] = slices.Clone(row)
@@ -521,7 +521,7 @@ func TestSnapshotSchemaChangedAfterSnapshot(t *testing.T) {
 			require.NoError(t, err)
 			snap := snapTake(t, c)
 			execSQL(t, admin, tc.change)
-			err = snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { return nil })
+			err = snap.CopyTables(context.Background(), schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error { return nil })
 			var schemaErr *siphon.SchemaIncompatibleError
 			require.ErrorAs(t, err, &schemaErr)
 			assert.Equal(t, canonical.TableName{Schema: "public", Name: "t"}, schemaErr.Table)
@@ -543,7 +543,7 @@ func TestSnapshotSchemaDiffersFromSnapshot(t *testing.T) {
 	require.NoError(t, err)
 	execSQL(t, admin, `ALTER TABLE t ADD COLUMN "New" text`)
 	snap := snapTake(t, c)
-	err = snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { return nil })
+	err = snap.CopyTables(context.Background(), schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error { return nil })
 	var schemaErr *siphon.SchemaIncompatibleError
 	require.ErrorAs(t, err, &schemaErr)
 	assert.Equal(t, "New", schemaErr.Column)
@@ -565,7 +565,7 @@ func TestSnapshotDDLDuringCopyWaits(t *testing.T) {
 	ddl := make(chan error, 1)
 	var pid uint32
 	rows := 0
-	err = snap.CopyTables(ctx, schema, func(table *canonical.Table, row canonical.Row) error {
+	err = snap.CopyTables(ctx, schema, siphon.CopyOptions{}, func(table *canonical.Table, row canonical.Row) error {
 		rows++
 		if rows > 1 {
 			return nil
@@ -702,28 +702,29 @@ func TestSnapshotCopyCancelled(t *testing.T) {
 	snap, err := c.TakeSnapshot(context.Background())
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	err = snap.CopyTables(ctx, schema, func(*canonical.Table, canonical.Row) error {
+	err = snap.CopyTables(ctx, schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error {
 		cancel()
 		return nil
 	})
 	require.ErrorIs(t, err, context.Canceled)
 
 	stop := errors.New("stop")
-	err = snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { return stop })
+	err = snap.CopyTables(context.Background(), schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error { return stop })
 	require.ErrorIs(t, err, stop)
 
 	// A callback that panics: the panic reaches the caller once every
 	// copying session has stopped, and the snapshot copies again.
 	assert.PanicsWithValue(t, "handler bug", func() {
-		snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { panic("handler bug") })
+		snap.CopyTables(context.Background(), schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error { panic("handler bug") })
 	})
 	rows := 0
-	require.NoError(t, snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { rows++; return nil }))
+	require.NoError(t, snap.CopyTables(context.Background(), schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error { rows++; return nil }))
 	assert.Positive(t, rows)
 
 	require.NoError(t, snap.Close(context.Background()))
-	err = snap.CopyTables(context.Background(), schema, func(*canonical.Table, canonical.Row) error { return nil })
-	assert.ErrorContains(t, err, "the snapshot is closed")
+	err = snap.CopyTables(context.Background(), schema, siphon.CopyOptions{}, func(*canonical.Table, canonical.Row) error { return nil })
+	assert.ErrorIs(t, err, siphon.ErrClosed)
+	assert.ErrorContains(t, err, "the snapshot")
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
 }
@@ -765,7 +766,7 @@ func TestSnapshotDDLQueuedDuringParallelCopy(t *testing.T) {
 	snap := snapTake(t, c)
 	ddl := make(chan error, 1)
 	rows := 0
-	err = snap.CopyTables(ctx, schema, func(table *canonical.Table, row canonical.Row) error {
+	err = snap.CopyTables(ctx, schema, siphon.CopyOptions{}, func(table *canonical.Table, row canonical.Row) error {
 		if rows++; rows > 1 {
 			return nil
 		}

@@ -88,7 +88,7 @@ import (
 // through the walsender.
 func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
 	if emit == nil {
-		return from, errorf("siphon: stream changes: emit: %w", ErrNilCallback)
+		return from, errorf("siphon: stream changes: the emit function: %w", ErrNilArgument)
 	}
 	release, err := c.claimStream()
 	if err != nil {

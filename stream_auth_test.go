@@ -194,7 +194,7 @@ func TestAuthTamperedIncrementalIsRefused(t *testing.T) {
 			assert.NotContains(t, problems, string(authKey))
 
 			_, target, dst := restoreTargetWith(t, siphon.WithStreamKey(authKey))
-			_, err = target.RestoreChain(ctx, siphon.RestoreChainOptions{}, bytes.NewReader(base), readers(incs[0], stream)...)
+			_, err = target.RestoreChain(ctx, siphon.RestoreChainOptions{}, chainOf(base, incs[0], stream)...)
 			var chainErr *siphon.ChainError
 			require.ErrorAs(t, err, &chainErr)
 			assert.Equal(t, 3, chainErr.Link)
@@ -211,7 +211,7 @@ func TestAuthTamperedIncrementalIsRefused(t *testing.T) {
 	assert.Contains(t, strings.Join(chain.Problems, "; "), "link 3: names hmac-sha256:")
 
 	dsn, target, dst := restoreTargetWith(t, siphon.WithStreamKey(authKey))
-	_, err = target.RestoreChain(ctx, siphon.RestoreChainOptions{}, bytes.NewReader(base), readers(incs[0], legit)...)
+	_, err = target.RestoreChain(ctx, siphon.RestoreChainOptions{}, chainOf(base, incs[0], legit)...)
 	require.NoError(t, err)
 	assert.Equal(t, 1, count(t, dst, "SELECT count(*) FROM pg_tables WHERE tablename = 'legit'"), "the key holder's schema change ran")
 	assert.Equal(t, []int{1, 2, 3}, ticksOf(t, dst))
@@ -223,7 +223,7 @@ func TestAuthTamperedIncrementalIsRefused(t *testing.T) {
 	// for the apply: authenticated, with the Conn's key, so it runs.
 	_, target, dst = restoreTargetWith(t, siphon.WithStreamKey(authKey))
 	cut := firstCommit(t, legit)
-	reached, err := target.RestoreChain(ctx, siphon.RestoreChainOptions{TargetPosition: cut}, bytes.NewReader(base), readers(incs[0], legit)...)
+	reached, err := target.RestoreChain(ctx, siphon.RestoreChainOptions{TargetPosition: cut}, chainOf(base, incs[0], legit)...)
 	require.NoError(t, err)
 	assert.Equal(t, cut, reached)
 	assert.Equal(t, 1, count(t, dst, "SELECT count(*) FROM pg_tables WHERE tablename = 'legit'"))
@@ -303,8 +303,8 @@ func idsOf(t *testing.T, conn *pgx.Conn) string {
 // TestAuthConsumeRefusesUnauthenticatedSchemaChanges: ConsumeCanonical
 // applies the row changes of an unauthenticated stream, refuses its schema
 // change with ErrUnauthenticatedSchemaChange (naming the Position) before
-// anything of that source transaction is applied, and runs it only
-// WithUnauthenticatedSchemaChanges; a stream that names the Conn's key but
+// anything of that source transaction is applied, and runs it only with
+// ApplyOptions.UnauthenticatedSchemaChanges, for that call; a stream that names the Conn's key but
 // fails its check stops at the checkpoint that fails; rotation: a stream
 // authenticated with the previous key is accepted by a Conn whose current
 // key is new, and refused by one that was not given the old key.
@@ -331,7 +331,7 @@ func TestAuthConsumeRefusesUnauthenticatedSchemaChanges(t *testing.T) {
 			require.ErrorIs(t, err, c.want)
 			if errors.Is(c.want, siphon.ErrUnauthenticatedSchemaChange) {
 				assert.Contains(t, err.Error(), "0/4040", "names the source transaction")
-				assert.Contains(t, err.Error(), "WithUnauthenticatedSchemaChanges")
+				assert.Contains(t, err.Error(), "ApplyOptions.UnauthenticatedSchemaChanges")
 				assert.Contains(t, err.Error(), "WithStreamKey")
 			}
 			assert.Equal(t, "100", idsOf(t, dst), "the transaction before is applied, nothing of the refused one")
@@ -342,15 +342,16 @@ func TestAuthConsumeRefusesUnauthenticatedSchemaChanges(t *testing.T) {
 	}
 
 	t.Run("opted in", func(t *testing.T) {
-		_, target, dst := consumeTarget(t, siphon.WithUnauthenticatedSchemaChanges())
-		require.NoError(t, target.ConsumeCanonical(ctx, bytes.NewReader(changeStream(t, nil, "CREATE TABLE legit (id int)"))))
+		optIn := siphon.ApplyOptions{UnauthenticatedSchemaChanges: true}
+		_, target, dst := consumeTarget(t)
+		require.NoError(t, target.ConsumeCanonicalWith(ctx, optIn, bytes.NewReader(changeStream(t, nil, "CREATE TABLE legit (id int)"))))
 		assert.Equal(t, "100,101", idsOf(t, dst))
 		assert.Equal(t, 1, count(t, dst, "SELECT count(*) FROM pg_tables WHERE tablename = 'legit'"))
 
 		// What the option means: the stream's statement runs, whatever it is.
 		opened := markerPath(t, "opened")
-		_, target, _ = consumeTarget(t, siphon.WithUnauthenticatedSchemaChanges())
-		require.NoError(t, target.ConsumeCanonical(ctx, bytes.NewReader(changeStream(t, nil, copyToProgram(opened)))))
+		_, target, _ = consumeTarget(t)
+		require.NoError(t, target.ConsumeCanonicalWith(ctx, optIn, bytes.NewReader(changeStream(t, nil, copyToProgram(opened)))))
 		assert.FileExists(t, opened)
 	})
 	t.Run("rotation", func(t *testing.T) {
@@ -393,19 +394,18 @@ func TestAuthStreamKeyOption(t *testing.T) {
 	assert.True(t, rep.Authenticated)
 	assert.Equal(t, canonical.KeyID(authKey), rep.KeyID)
 
-	rep, err = siphon.VerifyStream(ctx, bytes.NewReader(changeStream(t, authKey, "CREATE TABLE legit (id int)")), siphon.WithStreamKey(authKey))
+	keyed := siphon.VerifyOptions{Keys: [][]byte{authKey}}
+	rep, err = siphon.VerifyStream(ctx, keyed, bytes.NewReader(changeStream(t, authKey, "CREATE TABLE legit (id int)")))
 	require.NoError(t, err)
 	assert.True(t, rep.OK, "%v", rep.Problems)
 	assert.True(t, rep.Authenticated)
-	rep, err = siphon.VerifyStream(ctx, bytes.NewReader(changeStream(t, authKey, "CREATE TABLE legit (id int)")))
+	assert.Equal(t, 1, rep.SchemaChanges)
+	rep, err = siphon.VerifyStream(ctx, siphon.VerifyOptions{}, bytes.NewReader(changeStream(t, authKey, "CREATE TABLE legit (id int)")))
 	require.NoError(t, err)
-	assert.False(t, rep.OK, "a schema change the Conn cannot authenticate is a problem")
+	assert.False(t, rep.OK, "a schema change no key given authenticates is a problem")
 	assert.False(t, rep.Authenticated)
 	assert.Equal(t, canonical.KeyID(authKey), rep.KeyID)
-	assert.Contains(t, strings.Join(rep.Problems, "; "), "WithUnauthenticatedSchemaChanges")
-	rep, err = siphon.VerifyStream(ctx, bytes.NewReader(changeStream(t, nil, "CREATE TABLE legit (id int)")), siphon.WithUnauthenticatedSchemaChanges())
-	require.NoError(t, err)
-	assert.True(t, rep.OK, "%v", rep.Problems)
+	assert.Contains(t, strings.Join(rep.Problems, "; "), "ApplyOptions.UnauthenticatedSchemaChanges")
 }
 
 // TestAuthColumnTypeIsNotSpliced: a stream (checked, no schema change)
@@ -426,8 +426,8 @@ func TestAuthColumnTypeIsNotSpliced(t *testing.T) {
 		"no_such_type",
 	} {
 		t.Run(typ, func(t *testing.T) {
-			_, target, dst := consumeTarget(t, siphon.WithUnauthenticatedSchemaChanges())
-			err := target.ConsumeCanonical(ctx, bytes.NewReader(addColumnStream(t, typ)))
+			_, target, dst := consumeTarget(t)
+			err := target.ConsumeCanonicalWith(ctx, siphon.ApplyOptions{UnauthenticatedSchemaChanges: true}, bytes.NewReader(addColumnStream(t, typ)))
 			var inc *siphon.SchemaIncompatibleError
 			require.ErrorAs(t, err, &inc)
 			assert.Equal(t, "evil", inc.Column)

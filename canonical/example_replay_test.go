@@ -84,7 +84,7 @@ func ExampleSnapshotChanges() {
 	}
 	orders := &canonical.Table{Schema: "shop", Name: "orders", Columns: []canonical.Column{{Name: "id", Type: "integer"}}}
 	sc := canonical.NewSnapshotChanges(0x5000, handle)
-	// Live: snap.CopyTables(ctx, schema, sc.Row)
+	// Live: snap.CopyTables(ctx, schema, siphon.CopyOptions{}, sc.Row)
 	for _, id := range []string{"1", "2"} {
 		if err := sc.Row(orders, canonical.Row{canonical.Text(id)}); err != nil {
 			fmt.Println(err)

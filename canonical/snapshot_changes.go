@@ -12,7 +12,7 @@ import (
 // shape of Snapshot.CopyTables' RowFunc:
 //
 //	sc := canonical.NewSnapshotChanges(snap.Position(), handler.Handle)
-//	err := snap.CopyTables(ctx, schema, sc.Row)
+//	err := snap.CopyTables(ctx, schema, siphon.CopyOptions{}, sc.Row)
 //	... err = sc.Commit()
 //	... c.StreamChanges(ctx, snap.Position(), handler.Handle)
 //

@@ -226,7 +226,7 @@ func (p *Publisher) settled(held canonical.Position, systemID string) canonical.
 // still held by a stopped session.
 func retryable(err error) bool {
 	var pe *publishError
-	return errors.As(err, &pe) || errors.Is(err, siphon.ErrStreamInterrupted) || errors.Is(err, siphon.ErrSlotInUse)
+	return errors.As(err, &pe) || errors.As(err, new(*siphon.StreamInterruptedError)) || errors.Is(err, siphon.ErrSlotInUse)
 }
 
 // readSystemID returns the system identifier of dsn's server.

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/siphondb/siphon/internal/dsn"
 )
 
 // Conn says which database a program connects to, and as whom. Every
@@ -60,22 +62,24 @@ type Conn struct {
 }
 
 // ErrInvalidDSN means a connection string does not parse. The error never
-// quotes the string, which may hold a password.
-var ErrInvalidDSN = errors.New("pgdump: invalid connection string")
+// quotes the string, which may hold a password; it says which part is
+// wrong. It is the same error as siphon.ErrInvalidDSN.
+var ErrInvalidDSN = dsn.ErrInvalid
 
 // ParseDSN fills a Conn from a connection string, URL
 // ("postgres://user:pw@host:5432/db?sslmode=require") or keyword/value
 // ("host=... dbname=..."), resolved the way pgx resolves it: PG*
 // environment variables, the password file and service files fill what
 // the string leaves out.
-func ParseDSN(dsn string) (Conn, error) {
-	config, err := pgconn.ParseConfig(dsn)
+func ParseDSN(s string) (Conn, error) {
+	config, err := pgconn.ParseConfig(s)
 	if err != nil {
-		return Conn{}, fmt.Errorf("%w: write it as postgres://user@host:5432/dbname?sslmode=require or host=h dbname=d user=u", ErrInvalidDSN)
+		// The parse error may quote the DSN, password included.
+		return Conn{}, fmt.Errorf("pgdump: %w: %s", ErrInvalidDSN, dsn.Problem(s))
 	}
-	raw, err := rawSettings(dsn)
+	raw, err := rawSettings(s)
 	if err != nil {
-		return Conn{}, fmt.Errorf("%w: %v", ErrInvalidDSN, err)
+		return Conn{}, fmt.Errorf("pgdump: %w: %v", ErrInvalidDSN, err)
 	}
 	c := Conn{
 		Host:            config.Host,
@@ -128,9 +132,9 @@ func (c *Conn) settings() []setting {
 
 // rawSettings reads the keywords a connection string sets, without
 // resolving anything. Errors name no value.
-func rawSettings(dsn string) (map[string]string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
+func rawSettings(s string) (map[string]string, error) {
+	if strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") {
+		u, err := url.Parse(s)
 		if err != nil {
 			return nil, errors.New("not a valid URL")
 		}
@@ -140,7 +144,7 @@ func rawSettings(dsn string) (map[string]string, error) {
 		}
 		return settings, nil
 	}
-	return keywordValues(dsn)
+	return keywordValues(s)
 }
 
 // keywordValues parses libpq's keyword = value syntax: values are bare

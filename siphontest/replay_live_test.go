@@ -47,7 +47,7 @@ func TestRecordedStreamReplaysAsDelivered(t *testing.T) {
 	require.NoError(t, err)
 	var fromSnapshot []canonical.Change
 	sc := canonical.NewSnapshotChanges(snap.Position(), collect(&fromSnapshot))
-	require.NoError(t, snap.CopyTables(ctx, nil, sc.Row))
+	require.NoError(t, snap.CopyTables(ctx, nil, siphon.CopyOptions{}, sc.Row))
 	require.NoError(t, sc.Commit())
 	require.NoError(t, snap.Close(ctx))
 

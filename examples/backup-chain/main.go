@@ -112,11 +112,7 @@ func pointInTime(ctx context.Context, o *orchestrator, env *environment, ch *cha
 	}
 	defer closeFiles()
 	began := time.Now()
-	incrs := make([]io.ReadSeeker, 0, len(files)-1)
-	for _, f := range files[1:] {
-		incrs = append(incrs, f)
-	}
-	reached, err := c.RestoreChain(ctx, siphon.RestoreChainOptions{TargetPosition: target.lsn}, files[0], incrs...)
+	reached, err := c.RestoreChain(ctx, siphon.RestoreChainOptions{TargetPosition: target.lsn}, files...)
 	if err != nil {
 		return fmt.Errorf("point-in-time restore: %w", err)
 	}
@@ -331,11 +327,7 @@ func (o *orchestrator) verify(ctx context.Context, ch *chain) error {
 		return err
 	}
 	defer closeFiles()
-	readers := make([]io.Reader, len(files))
-	for i, f := range files {
-		readers[i] = f
-	}
-	rep, err := o.c.VerifyChain(ctx, readers...)
+	rep, err := o.c.VerifyChain(ctx, files...)
 	if err != nil {
 		return err
 	}
@@ -385,9 +377,10 @@ func (o *orchestrator) dropBaseSlots() error {
 }
 
 // open opens the chain's files in order; closeFiles closes them.
-func (ch *chain) open() (files []*os.File, closeFiles func(), err error) {
+func (ch *chain) open() (files []io.ReadSeeker, closeFiles func(), err error) {
+	var opened []*os.File
 	closeFiles = func() {
-		for _, f := range files {
+		for _, f := range opened {
 			f.Close()
 		}
 	}
@@ -397,7 +390,7 @@ func (ch *chain) open() (files []*os.File, closeFiles func(), err error) {
 			closeFiles()
 			return nil, nil, err
 		}
-		files = append(files, f)
+		opened, files = append(opened, f), append(files, f)
 	}
 	return files, closeFiles, nil
 }

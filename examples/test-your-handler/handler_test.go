@@ -116,7 +116,7 @@ func TestRevenueFromSnapshotThenStream(t *testing.T) {
 	defer snap.Close(ctx)
 	revenue := NewRevenue()
 	rows := canonical.NewSnapshotChanges(snap.Position(), revenue.Handle)
-	require.NoError(t, snap.CopyTables(ctx, nil, rows.Row))
+	require.NoError(t, snap.CopyTables(ctx, nil, siphon.CopyOptions{}, rows.Row))
 	require.NoError(t, rows.Commit())
 	require.NoError(t, snap.Close(ctx))
 	assert.Equal(t, "1.00", revenue.Total("alice"), "the snapshot's orders")

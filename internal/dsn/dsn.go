@@ -10,6 +10,11 @@ import (
 	"strings"
 )
 
+// ErrInvalid means a connection string does not parse. The siphon and
+// pgdump packages export it as their ErrInvalidDSN, so that either name
+// matches a bad DSN given to either package.
+var ErrInvalid = errors.New("invalid DSN")
+
 // Problem says which part of dsn keeps it from parsing, in words that can
 // be shown to anyone: it quotes a URL scheme, a port or the name of a
 // keyword, never a value that may be a password or a user name.
