@@ -623,6 +623,8 @@ func TestApplyChangeSchemaErrors(t *testing.T) {
 	require.NoError(t, c.ApplyChange(ctx, cases[0].ch))
 }
 
+// roleSeq numbers every role (and database) name the tests make: roles
+// belong to the cluster, which the tests of a binary share.
 var roleSeq atomic.Int64
 
 // plainRole creates a login role (cluster-wide, so uniquely named) with a

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -25,7 +24,6 @@ import (
 // by the target's superuser: the attacks of the issue, made by a role
 // "mallory" that owns schema mal and nothing else.
 
-var trustRoleSeq atomic.Int64
 
 // trustTarget is a target database holding what the source holds before
 // the attacks: public.accounts (two rows) owned by the superuser, which
@@ -47,7 +45,7 @@ type trustTarget struct {
 func newTrustTarget(t *testing.T) *trustTarget {
 	t.Helper()
 	dsn, admin := newDatabase(t)
-	n := trustRoleSeq.Add(1)
+	n := roleSeq.Add(1) // one counter for every role name of the tests: roles belong to the cluster
 	tt := &trustTarget{dsn: dsn, admin: admin, slot: streamSlot(t),
 		mallory: fmt.Sprintf("mallory_%d_%d", os.Getpid(), n), alice: fmt.Sprintf("alice_%d_%d", os.Getpid(), n), bob: fmt.Sprintf("bob_%d_%d", os.Getpid(), n)}
 	require.NoError(t, admin.QueryRow(context.Background(), "SELECT current_user").Scan(&tt.superuser))

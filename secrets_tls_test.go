@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,14 +34,13 @@ func tlsServer(t *testing.T) *siphontest.Server {
 	return srv
 }
 
-var tlsRoleSeq atomic.Int64
 
 // tlsRoleDSN creates a role with a password (authenticated by
 // scram-sha-256, not trusted like the superuser) that owns the databases
 // of dsns, and returns each DSN as that role with the settings in params.
 func tlsRoleDSN(t *testing.T, srv *siphontest.Server, params url.Values, dsns ...string) []string {
 	t.Helper()
-	role := fmt.Sprintf("tls_role_%d_%d", os.Getpid(), tlsRoleSeq.Add(1))
+	role := fmt.Sprintf("tls_role_%d_%d", os.Getpid(), roleSeq.Add(1))
 	password := "Tls-pw-" + role
 	admin := connectOrFail(t, srv.DSN())
 	execSQL(t, admin, fmt.Sprintf("CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s'", role, password))
