@@ -2,6 +2,7 @@ package siphon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -62,6 +63,10 @@ func (c *Conn) runSchemaChange(ctx context.Context, s ddlSession, pos canonical.
 		if err = s.runDDL(ctx, d); err == nil {
 			return nil
 		}
+	}
+	if errors.Is(err, errRoleNotTaken) {
+		return &UntrustedSchemaChangeError{Position: pos, Role: d.Role, SessionRole: sessionRole(d), Tag: d.Tag,
+			Statement: errorStatement(d), Reason: errRoleNotTaken.Error(), roleMissing: true}
 	}
 	return &SchemaChangeError{Position: pos, Tag: d.Tag, Statement: d.Statement, Problem: d.Problem, Err: err}
 }

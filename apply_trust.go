@@ -2,6 +2,7 @@ package siphon
 
 import (
 	"context"
+	"errors"
 	"slices"
 
 	"github.com/siphondb/siphon/canonical"
@@ -55,6 +56,8 @@ func (c *Conn) checkTrusted(pos canonical.Position, d *canonical.DDL) error {
 	refusal := &UntrustedSchemaChangeError{Position: pos, Role: d.Role, SessionRole: who, Tag: d.Tag, Statement: errorStatement(d)}
 	switch {
 	case d.Superuser, who != "" && who == d.Installer, who != "" && slices.Contains(c.opts.trustedSchemaRoles, who):
+	case who == "" && d.Problem != "":
+		return nil // it runs nothing: its problem stops the apply
 	case who == "":
 		refusal.Reason = "the record does not say which role made it"
 		return refusal
@@ -121,24 +124,34 @@ type identity struct {
 	back string // the role setting to put back after the statement
 }
 
-// readIdentity finds out, on q, whether d can run as its source role, and
-// logs once per role when it cannot.
+// errRoleNotTaken is readIdentity's refusal: d would run as the applying
+// role, which may hold more than the source role did.
+var errRoleNotTaken = errors.New("the role it ran as on the source does not exist on the target, or the applying role may not SET ROLE to it: " +
+	"as the applying role the statement could grant more than the source role had (its objects, SECURITY DEFINER functions included, would be the applying role's); " +
+	"create the role on the target and let the applying role take it (GRANT it to the applying role)")
+
+// readIdentity finds out, on q, whether d can run as its source role. A
+// statement that cannot runs as the applying role only when it ran as a
+// superuser on the source (its session's role, which SET ROLE left as it
+// was), which no applying role exceeds; otherwise it is refused with
+// errRoleNotTaken.
 func (c *Conn) readIdentity(ctx context.Context, q querier, d *canonical.DDL) (identity, error) {
 	var id identity
-	if d.Role == "" {
-		c.noteIdentity(d.Role, "the record does not say which role made it")
-		return id, nil
-	}
 	var settable bool
-	if err := q.QueryRow(ctx, identitySQL, d.Role).Scan(&id.back, &settable); err != nil {
-		return id, err
+	if d.Role != "" {
+		if err := q.QueryRow(ctx, identitySQL, d.Role).Scan(&id.back, &settable); err != nil {
+			return id, err
+		}
 	}
-	if !settable {
-		c.noteIdentity(d.Role, "the role does not exist on the target, or the applying role may not SET ROLE to it")
+	switch {
+	case settable:
+		id.role = d.Role
+		return id, nil
+	case d.Superuser && (d.Role == "" || d.Role == sessionRole(d)):
+		c.noteIdentity(d.Role, "the source superuser's role does not exist on the target, or the applying role may not SET ROLE to it")
 		return id, nil
 	}
-	id.role = d.Role
-	return id, nil
+	return id, errRoleNotTaken
 }
 
 // noteIdentity logs, once per source role, that its schema changes run as

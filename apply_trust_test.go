@@ -24,7 +24,6 @@ import (
 // by the target's superuser: the attacks of the issue, made by a role
 // "mallory" that owns schema mal and nothing else.
 
-
 // trustTarget is a target database holding what the source holds before
 // the attacks: public.accounts (two rows) owned by the superuser, which
 // mallory may only read, schema
@@ -349,9 +348,13 @@ func TestApplyChangeSchemaTrust(t *testing.T) {
 	assert.Equal(t, 1, count(t, tt.admin, fmt.Sprintf("SELECT count(*) FROM mal.t WHERE who = '%s'", m)))
 }
 
-// TestSchemaChangeRoleMissingOnTarget checks that a trusted role the
-// target does not have runs its change as the applying role, said once in
-// the log.
+// TestSchemaChangeRoleMissingOnTarget: a trusted role the target does not
+// have is refused, naming the role and the fix, with nothing of its
+// transaction applied: run as the applying superuser, its SECURITY DEFINER
+// function would be the superuser's, and any role of the target could
+// call it to become superuser. A source superuser's role missing on the
+// target runs as the applying role (which holds no more than a
+// superuser), said once in the log.
 func TestSchemaChangeRoleMissingOnTarget(t *testing.T) {
 	t.Parallel()
 	tt := newTrustTarget(t)
@@ -360,14 +363,25 @@ func TestSchemaChangeRoleMissingOnTarget(t *testing.T) {
 	ghost := "ghost_of_" + tt.mallory
 	c := tt.connect(t, siphon.WithTrustedSchemaRoles(ghost), siphon.WithLogger(logger))
 	_, err := tt.consumeTx(t, c, 0x1000, 10,
-		ddlBy(ghost, "CREATE TABLE", "CREATE TABLE public.g1 (id int)"),
-		ddlBy(ghost, "CREATE TABLE", "CREATE TABLE public.g2 (id int)"))
+		ddlBy(ghost, "CREATE FUNCTION", "CREATE FUNCTION public.run(q text) RETURNS void LANGUAGE plpgsql SECURITY DEFINER AS $$BEGIN EXECUTE q; END$$"))
+	ute := untrusted(t, err, ghost, fmt.Sprintf("create role %q on the target", ghost))
+	assert.Contains(t, ute.Reason, "does not exist on the target")
+	assert.Zero(t, count(t, tt.admin, "SELECT count(*) FROM pg_proc WHERE proname = 'run'"), "no function made")
+	assert.Zero(t, count(t, tt.admin, "SELECT count(*) FROM public.accounts WHERE id = 10"), "nothing of its transaction")
+
+	admin := "source_admin_of_" + tt.mallory
+	super := func(stmt string) canonical.Change {
+		ch := ddlBy(admin, "CREATE TABLE", stmt)
+		ch.DDL.Superuser = true
+		return ch
+	}
+	_, err = tt.consumeTx(t, c, 0x1000, 11, super("CREATE TABLE public.g1 (id int)"), super("CREATE TABLE public.g2 (id int)"))
 	require.NoError(t, err)
 	var owner string
 	require.NoError(t, tt.admin.QueryRow(context.Background(), "SELECT relowner::regrole::text FROM pg_class WHERE oid = 'public.g2'::regclass").Scan(&owner))
 	assert.Equal(t, tt.superuser, owner)
 	assert.Equal(t, 1, strings.Count(logged.String(), "run as the applying role"), logged.String())
-	assert.Contains(t, logged.String(), ghost)
+	assert.Contains(t, logged.String(), admin)
 }
 
 // TestTrustOptionsChecked checks that Connect refuses an empty role name.

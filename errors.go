@@ -452,9 +452,12 @@ func (e *prefixedError) Unwrap() error { return e.err }
 // [Conn.ApplyChange], [Conn.RestoreChain]) for a schema change the target
 // does not run: the source role that made it is not trusted (not a
 // superuser of the source, not the role that installed the capture, not
-// named by [WithTrustedSchemaRoles]), or its statement's meaning depends
-// on who runs it and the Conn was not made
-// [WithRoleDependentSchemaChanges]. Nothing of the source transaction that
+// named by [WithTrustedSchemaRoles]), its statement's meaning depends on
+// who runs it and the Conn was not made [WithRoleDependentSchemaChanges],
+// or the role it ran as cannot be taken on the target (it does not exist
+// there, or the applying role may not SET ROLE to it) while it was not a
+// source superuser's: run as the applying role instead, it could grant
+// more than the source role had. Nothing of the source transaction that
 // holds it was applied; every transaction before it was.
 type UntrustedSchemaChangeError struct {
 	// Position is the source transaction's commit LSN (its begin's
@@ -469,8 +472,9 @@ type UntrustedSchemaChangeError struct {
 	Statement string
 	// Reason says why the target does not run it.
 	Reason string
-	// roleDependent: refused for its meaning, not for its role.
-	roleDependent bool
+	// roleDependent: refused for its meaning, not for its role;
+	// roleMissing: refused because the target cannot take its role.
+	roleDependent, roleMissing bool
 }
 
 func (e *UntrustedSchemaChangeError) Error() string {
@@ -483,8 +487,15 @@ func (e *UntrustedSchemaChangeError) Error() string {
 		stmt = "(left out: it may carry secrets)"
 	}
 	fix := fmt.Sprintf("if the target may run what %q runs on the source, give WithTrustedSchemaRoles(%q)", e.SessionRole, e.SessionRole)
-	if e.roleDependent {
+	switch {
+	case e.roleDependent:
 		fix = "if the target may run it as the source role, give WithRoleDependentSchemaChanges()"
+	case e.roleMissing:
+		role := e.Role
+		if role == "" {
+			role = e.SessionRole
+		}
+		fix = fmt.Sprintf("create role %q on the target and GRANT it to the applying role", role)
 	}
 	return fmt.Sprintf("siphon: the schema change (%s) of the source transaction committed at %v, made by %s, is not trusted: %s; the statement: %s; "+
 		"%s, or make the target's schema what it should be by hand and apply again with SkipSchemaChanges: []canonical.Position{%v} in ApplyOptions (or ReplicateOptions)",

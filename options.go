@@ -408,9 +408,11 @@ func needRelease(option string, release int, server pgdump.Version) error {
 // changes apply runs on the target (see the package documentation on
 // schema changes). Trust is decided on the role that logged in on the
 // source (session_user), and the statement runs on the target as the
-// role it ran as there, where that role exists. A schema change by any
-// other role stops the apply with an [*UntrustedSchemaChangeError]. Give
-// it once with every role, or several times. Defaults to none.
+// role it ran as there, which must exist on the target and be one the
+// applying role may take (SET ROLE): create the role there first. A schema
+// change by any other role stops the apply with an
+// [*UntrustedSchemaChangeError]. Give it once with every role, or several
+// times. Defaults to none.
 func WithTrustedSchemaRoles(roles ...string) Option {
 	return func(o *options) { o.trustedSchemaRoles = append(o.trustedSchemaRoles, roles...) }
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/pgerr"
+	"github.com/siphondb/siphon/internal/pgoutput"
 	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
@@ -318,9 +319,48 @@ func (c *Conn) removeCapture(ctx context.Context, q querier) error {
 	return nil
 }
 
-// isCaptureTable reports whether name is the capture's table.
+// isCaptureTable reports whether name is the capture's table, or a
+// relation named like it that is not siphon's (see checkCaptureRelation).
 func isCaptureTable(name canonical.TableName) bool {
-	return name.Schema == "siphon" && name.Name == captureTableName
+	return name.Schema == "siphon" && (name.Name == captureTableName || name.Name == forgedCaptureName)
+}
+
+// forgedCaptureName is the name the stream gives a relation named
+// siphon.schema_changes that is not the capture's table: its rows are
+// never read as schema changes, nor delivered as data.
+const forgedCaptureName = captureTableName + " (not siphon's)"
+
+// captureRelationQuery reports whether the relation $1 is the capture's
+// table: siphon.schema_changes, owned, as its schema is, by the superuser
+// who owns the capture's ddl_command_end trigger ($2).
+const captureRelationQuery = `
+SELECT EXISTS (
+  SELECT FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_catalog.pg_event_trigger e ON e.evtname = $2 AND e.evtowner = c.relowner AND e.evtowner = n.nspowner
+  JOIN pg_catalog.pg_roles r ON r.oid = e.evtowner AND r.rolsuper
+  WHERE c.oid = $1::pg_catalog.int8::pg_catalog.oid AND n.nspname = 'siphon' AND c.relname = 'schema_changes')`
+
+// checkCaptureRelation renames rel, a relation a change stream decodes,
+// to forgedCaptureName when it is named like the capture's table but is
+// not the table the capture installed, by its OID: a database owner could
+// otherwise make a schema siphon and a table of that name, write a row
+// that claims a superuser's statement into it, and drop both again before
+// the stream starts, in a publication of all tables. A row of a table the
+// capture has since removed reads as forged too: nothing vouches for it
+// any more.
+func (c *Conn) checkCaptureRelation(ctx context.Context, rel *pgoutput.Relation) error {
+	if rel.Schema != "siphon" || rel.Name != captureTableName {
+		return nil
+	}
+	var genuine bool
+	if err := c.pool.QueryRow(ctx, captureRelationQuery, int64(rel.ID), captureEndTrigger).Scan(&genuine); err != nil {
+		return fmt.Errorf("check the relation siphon.%s (oid %d): %w", captureTableName, rel.ID, err)
+	}
+	if !genuine {
+		rel.Name = forgedCaptureName
+	}
+	return nil
 }
 
 // withoutCaptureTable returns tables without the capture's table.

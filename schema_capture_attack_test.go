@@ -2,11 +2,13 @@ package siphon_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -240,4 +242,81 @@ func TestStatementBoundariesFromTheServersGrammar(t *testing.T) {
 	require.NoError(t, c.Detach(context.Background()))
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
+}
+
+// TestForgedCaptureTableIsNeverRun: a database owner (CREATE on the
+// database, nothing else) makes a schema siphon and a table
+// siphon.schema_changes before any capture is installed, writes a row that
+// claims a superuser's COPY ... TO PROGRAM into it, and drops both again:
+// in a publication of all tables the row is decoded under the capture's
+// name. The stream carries it as a schema change with a problem and no
+// statement, never a superuser's; Replicate stops there with nothing
+// written on the target; a Conn WithoutSchemaCapture leaves it out.
+func TestForgedCaptureTableIsNeverRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srcDSN, src := newDatabase(t)
+	tgtDSN, tgt := newDatabase(t)
+	role, owner := hostileRole(t, srcDSN, src, true)
+	db := pgx.Identifier{dbName(t, src)}.Sanitize()
+	execSQL(t, src, "ALTER DATABASE "+db+" OWNER TO "+role)
+	t.Cleanup(func() { execSQL(t, src, "ALTER DATABASE "+db+" OWNER TO postgres") })
+	for _, admin := range []*pgx.Conn{src, tgt} {
+		execSQL(t, admin, "CREATE TABLE public.accounts (id int PRIMARY KEY)", "INSERT INTO public.accounts VALUES (1), (2)")
+	}
+	pub := fmt.Sprintf("all_%d", streamSlotSeq.Add(1))
+	execSQL(t, src, "CREATE PUBLICATION "+pub+" FOR ALL TABLES")
+	c, slot, _ := streamConnAt(t, srcDSN, siphon.WithPublication(pub))
+	reader, readerSlot, start := streamConnAt(t, srcDSN, siphon.WithPublication(pub))
+	ignoring, ignoringSlot, ignoringStart := streamConnAt(t, srcDSN, siphon.WithPublication(pub), siphon.WithoutSchemaCapture())
+	forgetAppliedPosition(t, tgtDSN, systemIdentifier(t, src), slot)
+
+	marker := markerPath(t, "forged")
+	forged, err := json.Marshal(map[string]any{
+		"tag": "CREATE TABLE", "query": copyToProgram(marker),
+		"stack":        "PL/pgSQL function siphon.capture_event() line 5 at GET DIAGNOSTICS",
+		"caller":       map[string]any{"role": "postgres", "schemas": []string{"public"}, "standard_conforming_strings": "on"},
+		"session_role": "postgres", "superuser": true, "installer": "postgres", "backend": 1, "started": "2026-01-01",
+	})
+	require.NoError(t, err)
+	execSQL(t, owner,
+		"CREATE SCHEMA siphon",
+		"CREATE TABLE siphon.schema_changes (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, change jsonb NOT NULL)",
+		"INSERT INTO siphon.schema_changes (change) VALUES ('"+strings.ReplaceAll(string(forged), "'", "''")+"')",
+		"DROP SCHEMA siphon CASCADE")
+	emitMarker(t, src, "end")
+
+	changes, _ := streamUntil(t, reader, start, "end")
+	ddl := ddlOf(changes)
+	require.Len(t, ddl, 1, "the forged row is carried once")
+	assert.False(t, ddl[0].Superuser)
+	assert.Empty(t, ddl[0].Statement, "no statement of hers travels")
+	assert.Contains(t, ddl[0].Problem, "not the one the schema capture installed")
+	for _, ch := range changes {
+		assert.NotEqual(t, "siphon", ch.Schema, "her table's rows are not delivered as data either")
+	}
+	require.NoError(t, reader.DropSlot(ctx, readerSlot))
+
+	changes, _ = streamUntil(t, ignoring, ignoringStart, "end")
+	assert.Empty(t, ddlOf(changes), "WithoutSchemaCapture leaves it out")
+	for _, ch := range changes {
+		assert.NotEqual(t, "siphon", ch.Schema)
+	}
+	require.NoError(t, ignoring.DropSlot(ctx, ignoringSlot))
+
+	target := connect(t, tgtDSN)
+	run := startReplicate(t, c, target, siphon.ReplicateOptions{})
+	var runErr error
+	select {
+	case <-run.done:
+		runErr = run.err
+	case <-time.After(waitDeadline):
+		t.Fatal("Replicate did not stop at the forged row")
+	}
+	var sce *siphon.SchemaChangeError
+	require.ErrorAs(t, runErr, &sce)
+	assert.Contains(t, sce.Problem, "not the one the schema capture installed")
+	assert.NoFileExists(t, marker, "nothing ran on the target")
+	assert.Equal(t, 2, count(t, tgt, "SELECT count(*) FROM public.accounts"))
+	require.NoError(t, c.DropSlot(ctx, slot))
 }

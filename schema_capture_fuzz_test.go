@@ -3,6 +3,8 @@ package siphon_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/siphontest"
 )
 
@@ -23,15 +26,18 @@ type fuzzFragment struct {
 	setsSCS int  // 1: turns it on, -1: off
 	offOnly bool // valid SQL only with standard_conforming_strings off
 	control bool // transaction control that commits or uses savepoints
-	fires   int  // statements that fire ddl_command_end (replayed or not)
+	fires   int  // statements that fire ddl_command_end and are not replayed
 	opens   bool // opens a transaction block the query must commit at its end
+	unicode bool // holds a U&'' string, an error with standard_conforming_strings off
+	code    bool // runs code (DO), which may change standard_conforming_strings
 }
 
 // fuzzFragments are the pieces FuzzReplayStatements builds query strings
 // from: comments and strings holding semicolons, dollar quotes, E”
-// strings, a string that is a DROP under the other setting of
+// and U&” strings, a string that is a DROP under the other setting of
 // standard_conforming_strings, BEGIN ATOMIC bodies, temporary objects,
-// transaction control.
+// statements run by DO blocks (one of them made ambiguous by its data),
+// grants, transaction control.
 var fuzzFragments = []fuzzFragment{
 	{sql: func(s string, n int) string { return fmt.Sprintf("CREATE TABLE %s.t%d (id int)", s, n) },
 		replay: func(s string, n int) []string { return []string{fmt.Sprintf("CREATE TABLE %s.t%d (id int)", s, n)} }},
@@ -46,7 +52,22 @@ var fuzzFragments = []fuzzFragment{
 	{sql: func(s string, n int) string { return "SELECT 'a;b' AS \"c;d\"" }},
 	{sql: func(s string, n int) string {
 		return fmt.Sprintf("CREATE TEMP TABLE tmp%d (id int); DROP TABLE tmp%d", n, n)
-	}},
+	}, fires: 2},
+	{sql: func(s string, n int) string {
+		return fmt.Sprintf("DO $d$BEGIN EXECUTE 'CREATE TABLE %s.x%d (id int)'; END$d$", s, n)
+	}, replay: func(s string, n int) []string { return []string{fmt.Sprintf("CREATE TABLE %s.x%d (id int)", s, n)} }, code: true},
+	// Data quoted into an EXECUTE that makes the text before it read as
+	// a statement of its own in the call stack: refused, never guessed.
+	{sql: func(s string, n int) string {
+		return fmt.Sprintf(`DO $d$BEGIN EXECUTE E'DELETE FROM %s.victim "\nPL/" WHERE false; CREATE TABLE %s.e%d (id int)'; END$d$`, s, s, n)
+	}, replay: func(s string, n int) []string { return []string{"PROBLEM"} }, code: true},
+	{sql: func(s string, n int) string {
+		return fmt.Sprintf(`CREATE TABLE %s.u%d (v text DEFAULT U&'\0041;')`, s, n)
+	}, replay: func(s string, n int) []string {
+		return []string{fmt.Sprintf(`CREATE TABLE %s.u%d (v text DEFAULT U&'\0041;')`, s, n)}
+	}, unicode: true},
+	{sql: func(s string, n int) string { return fmt.Sprintf("GRANT SELECT ON %s.victim TO PUBLIC", s) },
+		replay: func(s string, n int) []string { return []string{fmt.Sprintf("GRANT SELECT ON %s.victim TO PUBLIC", s)} }},
 	{sql: func(s string, n int) string {
 		return fmt.Sprintf("CREATE FUNCTION %s.f%d() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1 AS end; SELECT CASE WHEN true THEN 2 END; END", s, n)
 	}, replay: func(s string, n int) []string {
@@ -83,30 +104,33 @@ func generatedQuery(choice []byte, schema string) (query string, startOff bool, 
 	startOff = choice[0]&1 == 1
 	var parts []string
 	scsOn, controlled, splitting, open := !startOff, false, false, false
-	fired := 0                          // statements so far that fire ddl_command_end
+	fired := 0                          // top-level statements so far that fire ddl_command_end
 	switched, backslash := false, false // the query sets standard_conforming_strings; holds '\' in an ordinary string
+	var nested []bool                   // want[i] ran inside a DO block: read from its call stack, not the query
 	for i, b := range choice[1:] {
 		if i == 6 {
 			break
 		}
 		fr := fuzzFragments[int(b)%len(fuzzFragments)]
-		if fr.offOnly && !startOff {
+		if fr.offOnly && !startOff || fr.unicode && !scsOn {
 			continue
 		}
 		parts = append(parts, fr.sql(schema, i))
 		open = open && !fr.control || fr.opens
-		switched, backslash = switched || fr.setsSCS != 0, backslash || fr.offOnly
+		switched, backslash = switched || fr.setsSCS != 0 || fr.code, backslash || fr.offOnly || fr.unicode
 		if fr.control && fired > 0 {
 			controlled = true
 		}
 		firesHere := fr.fires
 		if fr.replay != nil {
-			firesHere++
+			if !fr.code {
+				firesHere++
+			}
 			for _, stmt := range fr.replay(schema, i) {
 				if !scsOn {
 					stmt = "PROBLEM"
 				}
-				want = append(want, stmt)
+				want, nested = append(want, stmt), append(nested, fr.code)
 			}
 		}
 		if controlled && firesHere > 0 {
@@ -122,10 +146,14 @@ func generatedQuery(choice []byte, schema string) (query string, startOff bool, 
 	}
 	// A query whose schema changes transaction control splits (a commit
 	// or savepoint between them) is refused whole, and so is one that may
-	// switch the setting and reads otherwise under the other one.
+	// switch the setting and reads otherwise under the other one; the
+	// statements DO blocks ran are read from their call stacks, under the
+	// setting they ran with.
 	if splitting || switched && backslash {
 		for i := range want {
-			want[i] = "PROBLEM"
+			if !nested[i] {
+				want[i] = "PROBLEM"
+			}
 		}
 	}
 	if open {
@@ -135,18 +163,23 @@ func generatedQuery(choice []byte, schema string) (query string, startOff bool, 
 }
 
 // FuzzReplayStatements runs generated multi-statement query strings on a
-// source with the schema capture and compares the statements the replay
-// would run with those the server ran: each is exactly the statement of
-// the query string that made the change, or a problem where the capture
+// source with the schema capture and checks the statements the replay
+// would run against two oracles. The server's own record of what it
+// parsed and ran (pg_stat_statements, every statement as the server split
+// it, nested ones included): each statement the replay would run is one
+// of them, exactly. And the generator's: each is the statement of the
+// query string that made the change, or a problem where the capture
 // cannot be certain (standard_conforming_strings off, transaction control
-// among several changes); never another statement. That the server read
-// the query as the generator meant is checked too: the table a misread
-// string would have dropped is still there.
+// among several changes, a statement text a DO block's data makes
+// ambiguous); never another statement. That the server read the query as
+// the generator meant is checked too: the table a misread string would
+// have dropped is still there.
 func FuzzReplayStatements(f *testing.F) {
-	for _, seed := range [][]byte{{0, 0}, {0, 1, 2, 8}, {1, 3, 0, 10, 7}, {1, 0, 9}, {0, 5, 0}, {0, 6, 4, 1}, {0, 11, 0, 7}, {1, 10, 3, 0}, {0, 9, 0, 10, 2, 1}, {0, 1, 12, 8}, {0, 12, 0, 11, 0}} {
+	for _, seed := range [][]byte{{0, 0}, {0, 1, 2, 8}, {1, 3, 0, 10, 7}, {1, 0, 9}, {0, 5, 0}, {0, 6, 4, 1}, {0, 11, 0, 7}, {1, 10, 3, 0}, {0, 9, 0, 10, 2, 1}, {0, 1, 12, 8}, {0, 12, 0, 11, 0}, {0, 6, 7, 8, 9}, {1, 6, 3, 0}, {0, 5, 15, 0}, {0, 7, 0}, {0, 16, 6, 0}} {
 		f.Add(seed)
 	}
-	srv := siphontest.Start(f)
+	srv := siphontest.Start(f, siphontest.WithPrivateServer(),
+		siphontest.WithSetting("shared_preload_libraries", "pg_stat_statements"), siphontest.WithSetting("pg_stat_statements.track", "all"))
 	dsn := srv.NewDatabase(f)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, dsn)
@@ -154,6 +187,9 @@ func FuzzReplayStatements(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { admin.Close(context.Background()) })
+	if _, err := admin.Exec(ctx, "CREATE EXTENSION pg_stat_statements"); err != nil {
+		f.Fatal(err)
+	}
 	slot := fmt.Sprintf("fuzz_replay_%d", streamSlotSeq.Add(1))
 	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot))
 	if err != nil {
@@ -179,6 +215,7 @@ func FuzzReplayStatements(f *testing.F) {
 		if query == "" {
 			return
 		}
+		execSQL(t, admin, "SELECT pg_stat_statements_reset()")
 		if startOff {
 			execSQL(t, admin, "SET standard_conforming_strings = off")
 		}
@@ -208,11 +245,41 @@ func FuzzReplayStatements(f *testing.F) {
 				got = append(got, ch.DDL.Statement)
 			}
 		}
+		ran := serverStatements(t, admin)
+		for _, stmt := range got {
+			if stmt != "PROBLEM" && !ran[stmt] {
+				t.Fatalf("query:\n%s\nthe replay would run a statement the server did not run:\n%s\nthe server ran:\n%s", query, stmt, strings.Join(slices.Sorted(maps.Keys(ran)), "\n"))
+			}
+		}
 		if strings.Join(got, "\n") != strings.Join(want, "\n") {
-			t.Fatalf("query:\n%s\nthe replay would run:\n%s\nthe server ran:\n%s", query, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			t.Fatalf("query:\n%s\nthe replay would run:\n%s\nthe generator expects:\n%s", query, strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
 		execSQL(t, admin, "DROP SCHEMA "+schema+" CASCADE")
 	})
+}
+
+// serverStatements returns the statements the server recorded as run in
+// conn's database since pg_stat_statements was last reset, each as
+// PostgreSQL's grammar reads it (without the comments around it, which
+// releases record differently).
+func serverStatements(t *testing.T, conn *pgx.Conn) map[string]bool {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT query FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]bool{}
+	for _, text := range texts {
+		if stmts, err := sqltext.Statements(text, true); err == nil && len(stmts) == 1 {
+			ran[stmts[0].Text] = true
+		}
+	}
+	return ran
 }
 
 // execSQLScan runs a query returning one row into dest.

@@ -64,6 +64,9 @@ const captureFrame = "PL/pgSQL function siphon.capture_event() "
 // schemaChanges turns the rows the capture inserts into OpDDL changes,
 // for one stream.
 type schemaChanges struct {
+	// ignore leaves every row of the capture's table out
+	// (WithoutSchemaCapture).
+	ignore bool
 	// tables, when WithTables names some, keeps the schema changes that
 	// touch them; nil keeps every one.
 	tables []canonical.TableName
@@ -75,8 +78,8 @@ type schemaChanges struct {
 	events map[string]int
 }
 
-func newSchemaChanges(tables []canonical.TableName, log *slog.Logger) *schemaChanges {
-	return &schemaChanges{tables: tables, log: log, events: map[string]int{}}
+func newSchemaChanges(ignore bool, tables []canonical.TableName, log *slog.Logger) *schemaChanges {
+	return &schemaChanges{ignore: ignore, tables: tables, log: log, events: map[string]int{}}
 }
 
 // begin starts a transaction.
@@ -84,8 +87,18 @@ func (s *schemaChanges) begin() { clear(s.events) }
 
 // changes returns the OpDDL changes an insert into the capture's table
 // describes, at its place: none for an event with nothing to replay, or
-// one that concerns no table of a WithTables stream.
+// one that concerns no table of a WithTables stream. A row of a relation
+// that only looks like the capture's table is one change with a problem
+// and no statement: a forgery is never run, nor passed off as data.
 func (s *schemaChanges) changes(ins *canonical.Change) ([]canonical.Change, error) {
+	switch {
+	case s.ignore:
+		return nil, nil
+	case ins.Table == forgedCaptureName:
+		return []canonical.Change{ddlChange(ins, &canonical.DDL{Tag: "UNKNOWN", Problem: "a row written to a table named " + captureTable +
+			" that is not the one the schema capture installed (another role made it, or the capture was removed since): nothing vouches for it, so siphon carries no statement of it; " +
+			"find who created schema siphon on the source"})}, nil
+	}
 	v, ok := ins.Value("change")
 	text, present := v.Text()
 	if !ok || !present {
@@ -158,19 +171,19 @@ func (s *schemaChanges) statement(row *capturedChange) (stmt, problem string) {
 	case row.Redacted:
 		return "", fmt.Sprintf("the query that ran the %s may carry a secret (the OPTIONS of a user mapping or server, a subscription's connection string), so siphon did not carry it", row.Tag)
 	case !ok:
-		return row.Query, "the schema capture recorded a call stack siphon does not know: " + row.Stack
+		return secretFree(row.Query, row), "the schema capture recorded a call stack siphon does not know"
 	case row.Caller == nil:
-		return row.Query, "the schema capture could not record who ran the statement and under which search_path"
+		return secretFree(row.Query, row), "the schema capture could not record who ran the statement and under which search_path"
 	case row.Caller.StandardConformingStrings != "on":
-		return row.Query, "the statement ran with standard_conforming_strings off, where siphon cannot be sure of its boundaries; set it on for migrations"
+		return secretFree(row.Query, row), "the statement ran with standard_conforming_strings off, where siphon cannot be sure of its boundaries; set it on for migrations"
 	case isNested && !found:
-		return row.Query, fmt.Sprintf("the %s ran inside a function whose statement siphon cannot read with certainty from the call stack (an SQL-language function, or a statement text that could end in two places)", row.Tag)
+		return secretFree(row.Query, row), fmt.Sprintf("the %s ran inside a function whose statement siphon cannot read with certainty from the call stack (an SQL-language function, or a statement text that could end in two places)", row.Tag)
 	case isNested:
 		return s.single(nested, row)
 	}
 	stmts, err := sqltext.Statements(row.Query, true)
 	if err != nil {
-		return secretFree(row.Query), fmt.Sprintf("PostgreSQL's parser (as siphon embeds it) could not read the query of the %s: %v", row.Tag, err)
+		return secretFree(row.Query, row), fmt.Sprintf("PostgreSQL's parser (as siphon embeds it) could not read the query of the %s: %v", row.Tag, err)
 	}
 	if len(stmts) > 1 && mayChangeStrings(row.Query, stmts) {
 		// The server read the whole query string under the setting it had
@@ -178,7 +191,7 @@ func (s *schemaChanges) statement(row *capturedChange) (stmt, problem string) {
 		// before this event: only a reading that does not depend on it is
 		// certain.
 		if _, err := sqltext.Statements(row.Query, false); err != nil {
-			return secretFree(row.Query), fmt.Sprintf("the query of the %s may change standard_conforming_strings and reads otherwise under each setting, where siphon cannot be sure of its boundaries; run such migrations one statement per query, or without backslashes in ordinary strings", row.Tag)
+			return secretFree(row.Query, row), fmt.Sprintf("the query of the %s may change standard_conforming_strings and reads otherwise under each setting, where siphon cannot be sure of its boundaries; run such migrations one statement per query, or without backslashes in ordinary strings", row.Tag)
 		}
 	}
 	if len(stmts) == 1 {
@@ -189,19 +202,19 @@ func (s *schemaChanges) statement(row *capturedChange) (stmt, problem string) {
 	for _, st := range stmts {
 		switch {
 		case st.Uncertain:
-			return secretFree(row.Query), fmt.Sprintf("siphon cannot tell which statement of the query is the %s: it does not know whether %q fires event triggers", row.Tag, st.Tag)
+			return secretFree(row.Query, row), fmt.Sprintf("siphon cannot tell which statement of the query is the %s: it does not know whether %q fires event triggers", row.Tag, st.Tag)
 		case st.TransactionControl && st.Tag != "BEGIN" && st.Tag != "START TRANSACTION" && len(firing) > 0:
 			splitting = true
 		case st.FiresDDLEvent:
 			if splitting {
-				return secretFree(row.Query), fmt.Sprintf("the %s ran in a query string that commits, rolls back or uses savepoints between its schema changes: siphon cannot tell them apart with certainty; run such migrations one transaction per query", row.Tag)
+				return secretFree(row.Query, row), fmt.Sprintf("the %s ran in a query string that commits, rolls back or uses savepoints between its schema changes: siphon cannot tell them apart with certainty; run such migrations one transaction per query", row.Tag)
 			}
 			firing = append(firing, st)
 		}
 	}
 	k := s.events[s.executionKey(row)]
 	if k >= len(firing) || firing[k].Tag != row.Tag {
-		return secretFree(row.Query), fmt.Sprintf("siphon cannot tell which statement of the query is the %s (event %d of the query string)", row.Tag, k+1)
+		return secretFree(row.Query, row), fmt.Sprintf("siphon cannot tell which statement of the query is the %s (event %d of the query string)", row.Tag, k+1)
 	}
 	return s.single(firing[k].Text, row)
 }
@@ -212,11 +225,15 @@ func (s *schemaChanges) single(text string, row *capturedChange) (stmt, problem 
 	stmts, err := sqltext.Statements(text, true)
 	switch {
 	case err != nil:
-		return secretFree(text), fmt.Sprintf("PostgreSQL's parser (as siphon embeds it) could not read the %s: %v", row.Tag, err)
+		return secretFree(text, row), fmt.Sprintf("PostgreSQL's parser (as siphon embeds it) could not read the %s: %v", row.Tag, err)
 	case len(stmts) != 1:
-		return secretFree(text), fmt.Sprintf("the text siphon read for the %s holds %d statements", row.Tag, len(stmts))
+		return secretFree(text, row), fmt.Sprintf("the text siphon read for the %s holds %d statements", row.Tag, len(stmts))
 	case stmts[0].Secret:
 		return "", fmt.Sprintf("the %s may carry a secret (OPTIONS of a user mapping or server, a password, a connection string), so siphon did not carry it", row.Tag)
+	case stmts[0].Tag != row.Tag:
+		// The event names the statement that fired it: text read as
+		// another statement is not the one that ran.
+		return secretFree(text, row), fmt.Sprintf("the text siphon read for the %s is a %s", row.Tag, stmts[0].Tag)
 	}
 	return sqltext.WithoutConcurrently(stmts[0].Text, row.Tag), ""
 }
@@ -237,16 +254,24 @@ func (s *schemaChanges) executionKey(row *capturedChange) string {
 	return fmt.Sprintf("%d\x00%s\x00%s", row.Backend, row.Started, row.Query)
 }
 
-// secretFree returns text for an error message, or a placeholder when
-// its statements may carry a secret or cannot be read.
-func secretFree(text string) string {
-	stmts, err := sqltext.Statements(text, true)
-	if err != nil {
-		return "(not shown: siphon could not check it for secrets)"
+// secretFree returns text, of row's query, to show with a problem, or a
+// placeholder when its statements may carry a secret, or cannot be read
+// with certainty under the setting of standard_conforming_strings the
+// query ran with (under both, when the capture could not record it).
+func secretFree(text string, row *capturedChange) string {
+	settings := []bool{true, false}
+	if row.Caller != nil {
+		settings = []bool{row.Caller.StandardConformingStrings == "on"}
 	}
-	for _, st := range stmts {
-		if st.Secret {
-			return "(not shown: it may carry a secret)"
+	for _, standard := range settings {
+		stmts, err := sqltext.Statements(text, standard)
+		if err != nil {
+			return "(not shown: siphon could not check it for secrets)"
+		}
+		for _, st := range stmts {
+			if st.Secret {
+				return "(not shown: it may carry a secret)"
+			}
 		}
 	}
 	return text

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -92,7 +93,7 @@ func (p *e2ePair) replicate(t *testing.T, target *siphon.Conn) error {
 	t.Helper()
 	mark := sourceMark(t, p.src)
 	run := startReplicate(t, p.c, target, siphon.ReplicateOptions{})
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(waitDeadline)
 	for time.Now().Before(deadline) {
 		select {
 		case <-run.done:
@@ -381,6 +382,29 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
+// TestSchemaTrustE2ENestedStatementOfData: a superuser's DO block EXECUTEs
+// a string of two statements whose first quotes, as data would, an alias
+// of a line break and "PL/": in the call stack the text before the alias
+// reads as one statement (a DELETE, which deleted nothing on the source),
+// the whole text as two. The stream carries a problem for the CREATE
+// TABLE's event, and Replicate stops there: the target's accounts keep
+// their rows, and the table is not made.
+func TestSchemaTrustE2ENestedStatementOfData(t *testing.T) {
+	t.Parallel()
+	p := newE2EPair(t)
+	execSQL(t, p.src, `DO $d$ BEGIN EXECUTE E'DELETE FROM public.accounts"\nPL/" WHERE false; CREATE TABLE public.b (id int)'; END $d$`)
+	require.Equal(t, 2, count(t, p.src, "SELECT count(*) FROM public.accounts"), "the source deleted nothing")
+	target := p.target(t)
+	err := p.replicate(t, target)
+	var sce *siphon.SchemaChangeError
+	require.ErrorAs(t, err, &sce)
+	assert.Equal(t, "CREATE TABLE", sce.Tag)
+	assert.Contains(t, sce.Problem, "cannot read with certainty")
+	assert.Equal(t, 2, count(t, p.tgt, "SELECT count(*) FROM public.accounts"), "the target deleted nothing")
+	assert.Zero(t, count(t, p.tgt, "SELECT count(*) FROM pg_tables WHERE tablename = 'b'"))
+	p.finish(t, target)
+}
+
 // TestSchemaTrustE2ESecretsStayOut: a user mapping's password, created on
 // the source by the superuser, appears nowhere siphon writes: not in any
 // Change StreamChanges delivers, not in an incremental backup, not in an
@@ -418,6 +442,14 @@ func TestSchemaTrustE2ESecretsStayOut(t *testing.T) {
 		"SET standard_conforming_strings = off")
 	execSQL(t, p.src, "SET standard_conforming_strings = on; CREATE USER MAPPING FOR PUBLIC SERVER s3 OPTIONS (password '"+secret+"')",
 		"RESET standard_conforming_strings")
+	// A role given a password in the query string of a table, in a session
+	// with standard_conforming_strings off: the table's change carries a
+	// problem, and the query is not shown with it.
+	role := fmt.Sprintf("app_%d_%d", os.Getpid(), roleSeq.Add(1))
+	t.Cleanup(func() { execSQL(t, p.src, "DROP ROLE IF EXISTS "+role) })
+	execSQL(t, p.src, "SET standard_conforming_strings = off")
+	execSQL(t, p.src, "CREATE ROLE "+role+" LOGIN PASSWORD '"+secret+"'; CREATE TABLE public.t_app (id int)")
+	execSQL(t, p.src, "RESET standard_conforming_strings")
 
 	check := func(what, text string) {
 		t.Helper()
@@ -442,6 +474,10 @@ func TestSchemaTrustE2ESecretsStayOut(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 3, mappings, "every user mapping is carried, as a problem")
+	app := ddl[len(ddl)-1]
+	assert.Equal(t, "CREATE TABLE", app.Tag)
+	assert.Contains(t, app.Problem, "standard_conforming_strings off")
+	assert.Equal(t, "(not shown: it may carry a secret)", app.Statement)
 	require.NoError(t, reader.DropSlot(ctx, readerSlot))
 	require.NoError(t, reader.Close())
 

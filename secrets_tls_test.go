@@ -34,7 +34,6 @@ func tlsServer(t *testing.T) *siphontest.Server {
 	return srv
 }
 
-
 // tlsRoleDSN creates a role with a password (authenticated by
 // scram-sha-256, not trusted like the superuser) that owns the databases
 // of dsns, and returns each DSN as that role with the settings in params.

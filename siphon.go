@@ -142,10 +142,12 @@
 // [WithTrustedSchemaRoles], decided on the role that logged in on the
 // source (session_user: SET ROLE does not change it). The statement runs
 // under the role it ran as on the source (SET LOCAL ROLE, as PostgreSQL
-// 16's run_as_owner = false does for its apply) when the target has that
-// role and the applying role may take it, and as the applying role
-// otherwise (logged once at Info); the source's search_path comes with
-// "$user" already expanded. A statement whose meaning depends on who runs
+// 16's run_as_owner = false does for its apply); where the target has no
+// such role, or the applying role may not take it, it runs as the applying
+// role only when it ran as a source superuser (logged once at Info), and
+// stops the apply with an [*UntrustedSchemaChangeError] otherwise, since
+// as the applying role it could hold more than the source role did. The
+// source's search_path comes with "$user" already expanded. A statement whose meaning depends on who runs
 // it (GRANT, REVOKE, ALTER DEFAULT PRIVILEGES, DROP or REASSIGN OWNED, a
 // CURRENT_USER, SESSION_USER or CURRENT_ROLE role, user mappings, servers,
 // foreign data wrappers, IMPORT FOREIGN SCHEMA, SECURITY LABEL) runs only
@@ -293,14 +295,14 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	return c, nil
 }
 
-// Close releases the Conn's sessions (a base slot it made and did not
-// complete goes with its session, see [Conn.CreateBaseSlot]). It is safe
-// to call more than once (the pool closes once) and returns nil: closing
-// cannot fail. A Conn used after Close returns errors wrapping
+// Close releases the Conn's sessions: a base slot it made and did not
+// complete is gone when Close returns (see [Conn.CreateBaseSlot]). It is
+// safe to call more than once (the pool closes once) and returns nil:
+// closing cannot fail. A Conn used after Close returns errors wrapping
 // [ErrClosed].
 func (c *Conn) Close() error {
 	c.pool.closed.Store(true)
-	c.bases.release()
+	c.bases.release(c.pool.Pool) // the pool itself, which takes work until it is closed
 	c.pool.Close()
 	return nil
 }

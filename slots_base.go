@@ -113,14 +113,15 @@ func (h *heldBases) take(name string) *pgx.Conn {
 	return conn
 }
 
-// release closes every session, which drops their temporary slots.
-func (h *heldBases) release() {
+// release closes every session and waits, asking q, until its backend is
+// gone: a backend drops its temporary slot as it exits.
+func (h *heldBases) release(q querier) {
 	h.mu.Lock()
 	sessions := h.sessions
 	h.sessions = nil
 	h.mu.Unlock()
 	for _, conn := range sessions {
-		closeSession(conn.PgConn())
+		closeAndEnd(q, conn.PgConn())
 	}
 }
 

@@ -293,7 +293,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		return setupFailed(ctx, res, err, cfg.from)
 	}
 	st := &streamState{
-		cfg: cfg, emit: emit, slot: c.opts.slot, ddl: newSchemaChanges(c.tables, c.log),
+		cfg: cfg, emit: emit, slot: c.opts.slot, ddl: newSchemaChanges(c.opts.noSchemaCapture, c.tables, c.log),
 		startConfirmed: slot.confirmed, lastEnd: max(cfg.from, slot.confirmed), seen: max(cfg.from, slot.confirmed),
 	}
 	st.acked.Store(uint64(max(cfg.from, slot.confirmed)))
@@ -516,12 +516,16 @@ func (e *emitError) Error() string {
 
 func (e *emitError) Unwrap() error { return e.err }
 
-// resolveColumns completes a Relation message's columns from the catalog:
-// the type as format_type prints it (as InspectSchema does), nullability
-// and whether the column has a default. pgoutput sends none of them. The catalog is today's, not the
-// historic one; for a type that no longer exists the Type message's name is
-// used.
+// resolveColumns checks a relation named like the capture's table (see
+// checkCaptureRelation) and completes a Relation message's columns from
+// the catalog: the type as format_type prints it (as InspectSchema does),
+// nullability and whether the column has a default. pgoutput sends none of
+// them. The catalog is today's, not the historic one; for a type that no
+// longer exists the Type message's name is used.
 func (c *Conn) resolveColumns(ctx context.Context, rel *pgoutput.Relation, types map[uint32]pgoutput.TypeName) error {
+	if err := c.checkCaptureRelation(ctx, rel); err != nil {
+		return err
+	}
 	n := len(rel.Columns)
 	oids, mods, names := make([]int64, n), make([]int32, n), make([]string, n)
 	for i, col := range rel.Columns {

@@ -25,7 +25,7 @@ const testSlot = "unit_slot"
 func newTestState(cfg streamConfig) (*streamState, *[]canonical.Change) {
 	var got []canonical.Change
 	st := &streamState{cfg: cfg, slot: testSlot, lastEnd: cfg.from, seen: cfg.from,
-		ddl:  newSchemaChanges(nil, slog.New(slog.NewTextHandler(io.Discard, nil))),
+		ddl:  newSchemaChanges(false, nil, slog.New(slog.NewTextHandler(io.Discard, nil))),
 		emit: func(ch canonical.Change) error { got = append(got, ch); return nil }}
 	st.acked.Store(uint64(cfg.from))
 	return st, &got

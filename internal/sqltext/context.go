@@ -10,15 +10,19 @@ import "strings"
 //
 // The server prints the text as it is, so a statement holding `"`, a line
 // break and a line that looks like a frame could end in more than one
-// place. The text returned ends where exactly one candidate end gives
-// text that parses (standard_conforming_strings on) as exactly one
-// statement.
+// place; whoever chose the text (the data a function quotes into an
+// EXECUTE, say) chose where. The statement that ran parses (the server
+// ran it), so its end is a candidate whose text parses: the text is
+// returned only when exactly one candidate end gives text that parses at
+// all (standard_conforming_strings on), and that text is one statement. A
+// shorter text that parses, inside a longer one that parses too (one
+// statement, or several), is ambiguous.
 //
 // nested is false for an empty stack: the statement ran at top level.
 // ok is false when it is nested but its text cannot be told for sure: it
 // is not in the stack (it ran in an SQL-language function, or through a
-// procedural language that does not report it), or no candidate, or more
-// than one, parses as one statement.
+// procedural language that does not report it), more than one or no
+// candidate end parses, or the text is not one statement.
 func NestedStatement(stack string) (stmt string, nested, ok bool) {
 	stack = strings.TrimLeft(stack, "\n")
 	if stack == "" {
@@ -29,13 +33,13 @@ func NestedStatement(stack string) (stmt string, nested, ok bool) {
 		return "", true, false
 	}
 	text := stack[len(open):]
-	found := 0
+	parsing, statements := 0, 0
 	for _, end := range candidateEnds(text) {
-		if isOneStatement(text[:end]) {
-			stmt, found = text[:end], found+1
+		if stmts, err := Statements(text[:end], true); err == nil {
+			stmt, parsing, statements = text[:end], parsing+1, len(stmts)
 		}
 	}
-	if found != 1 {
+	if parsing != 1 || statements != 1 {
 		return "", true, false
 	}
 	return stmt, true, true
@@ -61,12 +65,6 @@ func candidateEnds(text string) []int {
 		ends = append(ends, len(text)-1)
 	}
 	return ends
-}
-
-// isOneStatement reports whether text parses as exactly one statement.
-func isOneStatement(text string) bool {
-	stmts, err := Statements(text, true)
-	return err == nil && len(stmts) == 1
 }
 
 // frameStart reports whether s starts with a call stack frame as the

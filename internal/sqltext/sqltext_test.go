@@ -55,4 +55,13 @@ func TestNestedStatement(t *testing.T) {
 
 	_, _, ok = NestedStatement("SQL statement \"SELECT 1; SELECT 2\"\nPL/pgSQL function f() line 1 at EXECUTE")
 	assert.False(t, ok, "the text is not one statement")
+
+	// An EXECUTE of two statements whose first holds a quoted alias of a
+	// line break and "PL/": the text before the alias is one statement,
+	// the whole text two; both parse, so neither is taken (taking the
+	// first replayed a DELETE the source never ran for the second's
+	// event).
+	_, nested, ok = NestedStatement("SQL statement \"DELETE FROM public.accounts\"\nPL/\" WHERE false; CREATE TABLE public.b (id int)\"\nPL/pgSQL function inline_code_block line 1 at EXECUTE")
+	assert.True(t, nested)
+	assert.False(t, ok, "a shorter text that parses inside a longer one that parses")
 }
