@@ -86,8 +86,11 @@ func (c *Conn) ApplyChange(ctx context.Context, ch canonical.Change) error {
 		err = fmt.Errorf("unknown op %v", ch.Op)
 	}
 	if err != nil {
-		return errorf("siphon: apply %s on %s: %w", ch.Op, describeTarget(&ch), err)
+		err = errorf("siphon: apply %s on %s: %w", ch.Op, describeTarget(&ch), err)
+		c.countError(ctx, err)
+		return err
 	}
+	c.stats.applyChanges.Add(1)
 	return nil
 }
 

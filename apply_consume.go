@@ -153,7 +153,8 @@ type ApplyOptions struct {
 }
 
 // ConsumeCanonicalWith is [Conn.ConsumeCanonical] with the choices of opt.
-func (c *Conn) ConsumeCanonicalWith(ctx context.Context, opt ApplyOptions, r io.Reader) error {
+func (c *Conn) ConsumeCanonicalWith(ctx context.Context, opt ApplyOptions, r io.Reader) (err error) {
+	defer func() { c.countError(ctx, err) }()
 	body, err := canonicalBody(r)
 	if err != nil {
 		return errorf("siphon: consume canonical: %w", err)
@@ -390,9 +391,10 @@ type applySession struct {
 	// if any (see copyInBackground); what describes it.
 	copying chan error
 	what    string
-	// committed, when set, learns each Position the target committed, and
+	// committed, when set, learns the end (Position and commit time) of
+	// the last source transaction each target transaction committed, and
 	// how many source transactions and changes it took there.
-	committed func(pos canonical.Position, txs, changes int)
+	committed func(last txEnd, txs, changes int)
 	// skip lists the source transactions whose schema changes are not
 	// run (ApplyOptions.SkipSchemaChanges).
 	skip []canonical.Position

@@ -31,6 +31,7 @@ type changeConsumer struct {
 		// schemaChanged: a schema change was applied, and the unit ends
 		// with its source transaction.
 		schemaChanged bool
+		began         time.Time // when the unit opened, for siphon.apply.duration
 	}
 	tx struct {
 		open     bool               // between begin and commit
@@ -165,7 +166,7 @@ func (cc *changeConsumer) begin(ctx context.Context, rec canonical.Record) error
 	if !cc.unit.open {
 		cc.src.resetTape(rec)
 		cc.s.begin()
-		cc.unit.open = true
+		cc.unit.open, cc.unit.began = true, time.Now()
 	}
 	return nil
 }
@@ -212,8 +213,9 @@ func (cc *changeConsumer) commitUnit(ctx context.Context) error {
 		return err
 	}
 	s.progress = last.pos
+	s.c.recordApplied(ctx, len(cc.unit.ends), cc.unit.changes, cc.unit.began)
 	if s.committed != nil {
-		s.committed(last.pos, len(cc.unit.ends), cc.unit.changes)
+		s.committed(last, len(cc.unit.ends), cc.unit.changes)
 	}
 	cc.resetUnit()
 	return nil

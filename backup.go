@@ -116,6 +116,7 @@ type BackupOptions struct {
 // file and slot removed before Backup returns; w then holds an incomplete
 // envelope, which Verify and Restore refuse.
 func (c *Conn) Backup(ctx context.Context, opt BackupOptions, w io.Writer) (err error) {
+	defer func() { c.countError(ctx, err) }()
 	dumpOpts, prog, err := c.prepareDump(ctx, opt)
 	if err != nil {
 		return err

@@ -106,6 +106,7 @@ func (c *Conn) RestoreChain(ctx context.Context, opt RestoreChainOptions, links 
 	rules := c.rules(opt.Apply)
 	chain, rewind, err := verifyLinks(ctx, links, rules)
 	if err != nil {
+		c.countError(ctx, err) // the calls below count their own
 		return 0, err
 	}
 	if opt.TargetPosition != 0 && opt.TargetPosition < chain.Start {

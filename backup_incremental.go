@@ -59,7 +59,8 @@ func (c *Conn) BackupIncremental(ctx context.Context, since canonical.Position, 
 // the one before it. It returns the incremental's own ChainLink, for the
 // next one. prev comes from [VerifyReport.ChainLink] for a base backup, or
 // from the previous BackupIncrementalAfter.
-func (c *Conn) BackupIncrementalAfter(ctx context.Context, prev ChainLink, w io.Writer) (ChainLink, error) {
+func (c *Conn) BackupIncrementalAfter(ctx context.Context, prev ChainLink, w io.Writer) (_ ChainLink, err error) {
+	defer func() { c.countError(ctx, err) }()
 	release, err := c.claimStream()
 	if err != nil {
 		return prev, errorf("siphon: incremental backup: %w", err)

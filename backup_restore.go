@@ -73,7 +73,8 @@ type RestoreOptions struct {
 // [Conn.MarkAppliedPosition]): apply the incrementals that follow it to go
 // further, and one that does not continue the backup (a link skipped, from
 // another source) is refused with an [*ApplyGapError].
-func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) error {
+func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) (err error) {
+	defer func() { c.countError(ctx, err) }()
 	if opt.SingleTransaction && opt.Jobs > 1 {
 		return &OptionError{Option: "RestoreOptions", Problem: "SingleTransaction with Jobs", Fix: "pg_restore cannot do both: drop one of them"}
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/pgdump"
 )
@@ -51,6 +53,8 @@ type options struct {
 	// none); streamKeyProblem what is wrong with them, if anything.
 	streamKeys       [][]byte
 	streamKeyProblem string
+
+	meterProvider metric.MeterProvider
 }
 
 func defaultOptions() options {
@@ -152,6 +156,37 @@ func WithStatusInterval(d time.Duration) Option { return func(o *options) { o.st
 // has moved on past the acknowledged position; the interval adds a steady
 // beat for servers with no traffic at all. Defaults to 0: on demand only.
 func WithHeartbeat(d time.Duration) Option { return func(o *options) { o.heartbeat = d } }
+
+// WithMeterProvider makes the Conn report metrics through mp, an
+// OpenTelemetry MeterProvider (pick the exporter there: Prometheus, OTLP,
+// ...), under the instrumentation scope "github.com/siphondb/siphon":
+//
+//   - siphon.stream.changes, siphon.stream.transactions (counters): what
+//     change streams delivered (StreamChanges, BackupIncremental,
+//     Replicate); siphon.stream.sessions: replication sessions started;
+//   - siphon.stream.lag (bytes) and siphon.stream.lag.time (seconds):
+//     how far a running stream is behind the server;
+//   - siphon.slot.retained_wal (bytes, per slot): the WAL the server keeps
+//     for the Conn's slot and siphon's base slots, read when collected;
+//   - siphon.apply.changes, siphon.apply.transactions (counters), and
+//     siphon.apply.duration (seconds, a histogram per target
+//     transaction): what apply did (ConsumeCanonical, ApplyChange,
+//     RestoreChain, Replicate's target);
+//   - siphon.apply.lag (bytes) and siphon.apply.lag.time (seconds): how
+//     far Replicate's target is behind what it received;
+//   - siphon.errors (a counter, by error.type: interrupted, resume_gap,
+//     apply_gap, schema_change, untrusted_schema_change, busy, integrity,
+//     usage, deadline, server, other): errors siphon's calls returned.
+//
+// Every metric carries the attribute db.namespace (the Conn's database);
+// stream, slot and Replicate metrics carry siphon.slot too (the Conn's
+// slot; for siphon.slot.retained_wal, each slot's). Counting costs an
+// atomic addition per change; the rest is read when the provider
+// collects.
+// Defaults to none: no metrics, no cost.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(o *options) { o.meterProvider = mp }
+}
 
 // WithProgress sets a function that receives table copy progress, a few
 // times a second at most per table. It is called from one goroutine at a

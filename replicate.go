@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
+
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,9 +13,10 @@ import (
 	"github.com/siphondb/siphon/canonical"
 )
 
-// ReplicateOptions says where [Conn.Replicate] starts and what it reports.
-// The zero value continues from what the target has applied of the source,
-// or from where the source's slot stands.
+// ReplicateOptions says where [Conn.Replicate] starts, where it stops
+// and what it reports. The zero value continues from what the target has
+// applied of the source, or from where the source's slot stands, until
+// ctx ends.
 type ReplicateOptions struct {
 	// From is where to start when the target has applied nothing of this
 	// source (its system identifier and slot): a Position the target holds
@@ -28,8 +29,17 @@ type ReplicateOptions struct {
 	// must exist and be empty), then streams from the snapshot's Position:
 	// one call migrates a database. Defaults to false.
 	Snapshot bool
-	// Progress, when set, receives a report every ProgressInterval and one
-	// when Replicate stops, from one goroutine at a time. Defaults to none.
+	// StopAt, when set, makes Replicate return, with a nil error, once the
+	// target holds every transaction the source committed before it and
+	// the target's sequences are set: a source Position such as
+	// pg_current_wal_insert_lsn() read after the application stopped
+	// writing (see [Conn.Cutover], which does the whole cutover). It is
+	// reached on an idle source too. Defaults to zero: Replicate runs until
+	// ctx ends.
+	StopAt canonical.Position
+	// Progress, when set, receives a report every ProgressInterval, from
+	// the initial snapshot on, and one when Replicate stops, from one
+	// goroutine at a time. Defaults to none.
 	Progress func(ReplicateProgress)
 	// ProgressInterval is how often Progress is called. Defaults to 1s.
 	ProgressInterval time.Duration
@@ -40,8 +50,34 @@ type ReplicateOptions struct {
 	SkipSchemaChanges []canonical.Position
 }
 
-// ReplicateProgress is a report of [Conn.Replicate].
+// ReplicatePhase is what Replicate is doing.
+type ReplicatePhase string
+
+// Replicate's phases.
+const (
+	// ReplicateStarting: finding where to start, before the initial
+	// snapshot or the stream.
+	ReplicateStarting ReplicatePhase = "starting"
+	// ReplicateCopying: copying the initial snapshot (see
+	// [ReplicateProgress].Snapshot).
+	ReplicateCopying ReplicatePhase = "copying"
+	// ReplicateStreaming: applying the change stream.
+	ReplicateStreaming ReplicatePhase = "streaming"
+	// ReplicateStopped: the report Replicate sends as it returns.
+	ReplicateStopped ReplicatePhase = "stopped"
+)
+
+// ReplicateProgress is a report of [Conn.Replicate]. For a dashboard: Lag
+// is the replica's delay in time, LagBytes in WAL; RetainedWAL is what the
+// source keeps for the slot (it grows while the target falls behind, and
+// should fall back once it catches up); during the initial snapshot,
+// Snapshot's Rows against EstimatedRows is the copy's fraction done.
 type ReplicateProgress struct {
+	Phase ReplicatePhase
+	// Snapshot is the initial snapshot's copy: how far it came while
+	// Phase is ReplicateCopying, and where it ended after. Zero without
+	// one.
+	Snapshot SnapshotProgress
 	// Received is the end of the last source transaction received.
 	Received canonical.Position
 	// Applied is the end of the last source transaction the target
@@ -52,6 +88,16 @@ type ReplicateProgress struct {
 	// the WAL moved on with nothing published).
 	SourceEnd canonical.Position
 	LagBytes  int64
+	// Lag is how far the target is behind in time: now minus the source
+	// commit time of the last transaction it applied, while the target has
+	// not applied all the source sent (0 when caught up). LastCommit is
+	// that commit time (zero before the first transaction).
+	Lag        time.Duration
+	LastCommit time.Time
+	// RetainedWAL is the WAL, in bytes, the source keeps for the slot:
+	// from its restart position to the server's end (-1 when it could not
+	// be read).
+	RetainedWAL int64
 	// Transactions and Changes count what was applied since Replicate
 	// started; the rates are over the last interval.
 	Transactions, Changes                   int64
@@ -60,13 +106,29 @@ type ReplicateProgress struct {
 	BytesPerSecond float64
 }
 
+// SnapshotProgress is how far the copy of a snapshot has come, over all
+// its tables. Estimates come from the catalog (see [Progress]).
+type SnapshotProgress struct {
+	// Tables is how many tables the snapshot copies; TablesDone how many
+	// are complete.
+	Tables, TablesDone int
+	// Rows and Bytes are what was copied so far; the estimates are the
+	// totals the catalog expects.
+	Rows, EstimatedRows   int64
+	Bytes, EstimatedBytes int64
+	// Table is the table the last report was about.
+	Table canonical.TableName
+}
+
 // Replicate streams c's slot into target, continuously: a live replica of
 // c's published tables (a zero-downtime migration, a reporting copy, an
 // upgrade to another release). It starts after what the target has
 // applied of this source (its system identifier and c's slot), or, when
 // the target has applied nothing of it, from opts.From (after an initial
 // snapshot with opts.Snapshot). It runs until ctx is cancelled, which is
-// the normal stop: it returns the Position the target has applied and nil.
+// the normal stop: it returns the Position the target has applied and nil;
+// with opts.StopAt, it stops by itself once the target holds everything
+// committed before it.
 //
 // Each source transaction is applied exactly once, as [Conn.ConsumeCanonical]
 // applies a change stream: in one target transaction together with its
@@ -93,7 +155,8 @@ type ReplicateProgress struct {
 // makes Replicate take a new one, which needs the new schema). Replicate
 // reads c's slot: it returns [ErrAlreadyStreaming] while c streams it
 // otherwise.
-func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOptions) (canonical.Position, error) {
+func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOptions) (pos canonical.Position, err error) {
+	defer func() { c.countError(ctx, err) }()
 	if target == nil {
 		return 0, errorf("siphon: replicate: the target Conn: %w", ErrNilArgument)
 	}
@@ -105,8 +168,14 @@ func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOption
 		return 0, errorf("siphon: replicate: %w", err)
 	}
 	defer release()
-	r, err := c.startReplica(ctx, target, opts)
-	if err != nil {
+	r := &replica{c: c, target: target}
+	r.setPhase(ReplicateStarting)
+	c.stats.replicaRunning.Store(true)
+	defer c.stats.replicaRunning.Store(false)
+	stopProgress := r.reportProgress(ctx, opts)
+	defer stopProgress()
+	if err := r.start(ctx, opts); err != nil {
+		r.close()
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return r.applied(), nil
 		}
@@ -126,6 +195,17 @@ type replica struct {
 	durable   atomic.Uint64 // the target's committed Position
 	received  atomic.Uint64
 	txs, rows atomic.Int64
+	// lastCommit is the source commit time of the last transaction the
+	// target committed, Unix nanoseconds.
+	lastCommit atomic.Int64
+	// phase is a ReplicatePhase; snapshot the initial snapshot's progress;
+	// pending the ends and commit times of the transactions received and
+	// not yet applied, oldest first.
+	phase    atomic.Value
+	mu       sync.Mutex
+	snapshot SnapshotProgress
+	tables   map[canonical.TableName]Progress
+	pending  []txEnd
 }
 
 func (r *replica) applied() canonical.Position {
@@ -135,52 +215,67 @@ func (r *replica) applied() canonical.Position {
 	return canonical.Position(r.durable.Load())
 }
 
-// startReplica finds where to start, loads the snapshot when asked, and
-// opens the apply session.
-func (c *Conn) startReplica(ctx context.Context, target *Conn, opts ReplicateOptions) (*replica, error) {
+func (r *replica) setPhase(p ReplicatePhase) { r.phase.Store(p) }
+
+// start finds where to start, loads the snapshot when asked, and opens
+// the apply session.
+func (r *replica) start(ctx context.Context, opts ReplicateOptions) error {
+	c, target := r.c, r.target
 	src, err := c.identifySystem(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	r := &replica{c: c, target: target, src: src}
+	r.src = src
 	applied, err := target.AppliedPositionFor(ctx, src.systemID, c.opts.slot)
 	if err != nil {
-		return r, err
+		return err
 	}
 	r.from = applied
 	switch {
 	case !applied.IsZero():
 	case opts.Snapshot:
-		if r.from, err = c.replicateSnapshot(ctx, target); err != nil {
-			return r, fmt.Errorf("initial snapshot: %w", err)
+		r.setPhase(ReplicateCopying)
+		if r.from, err = c.replicateSnapshot(ctx, target, r.snapshotProgress); err != nil {
+			return fmt.Errorf("initial snapshot: %w", err)
 		}
-		r.durable.Store(uint64(r.from))
 	default:
 		r.from = opts.From
 	}
 	r.durable.Store(uint64(r.from))
 	if r.schema, err = c.publishedSchema(ctx); err != nil {
-		return r, err
+		return err
 	}
 	h := canonical.Header{Kind: canonical.KindChanges, Engine: canonical.EnginePostgres, Start: r.from,
 		SystemID: src.systemID, Timeline: src.timeline, Slot: c.opts.slot, Checked: true}
 	if r.session, err = target.openApplySession(ctx, "", h); err != nil {
-		return r, err
+		return err
 	}
 	if err := r.session.checkContinues(ctx, h); err != nil {
-		r.session.close()
-		return r, err
+		return err
 	}
 	r.session.skip = opts.SkipSchemaChanges
-	r.session.committed = func(pos canonical.Position, txs, changes int) {
-		r.durable.Store(uint64(pos))
+	r.session.committed = func(last txEnd, txs, changes int) {
+		r.applyPending(last.pos)
+		r.durable.Store(uint64(last.pos))
 		r.txs.Add(int64(txs))
 		r.rows.Add(int64(changes))
+		c.stats.replicaApplied.Store(uint64(last.pos))
+		if !last.at.IsZero() {
+			r.lastCommit.Store(last.at.UnixNano())
+			c.stats.replicaLastCommit.Store(last.at.UnixNano())
+		}
 	}
-	return r, nil
+	r.setPhase(ReplicateStreaming)
+	return nil
 }
 
-func (r *replica) close() { r.session.close() }
+// close ends the apply session, if one was opened.
+func (r *replica) close() {
+	if r.session != nil {
+		r.session.close()
+		r.session = nil
+	}
+}
 
 // snapshotAttempts bounds the initial snapshots Replicate takes when a
 // table is rewritten (a TRUNCATE, a VACUUM FULL) or changed under the copy:
@@ -189,8 +284,8 @@ func (r *replica) close() { r.session.close() }
 const snapshotAttempts = 3
 
 // replicateSnapshot copies c's tables into target, through a pipe, and
-// returns the snapshot's Position.
-func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn) (canonical.Position, error) {
+// returns the snapshot's Position; progress receives the copy's progress.
+func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn, progress func(Progress)) (canonical.Position, error) {
 	for attempt := 1; ; attempt++ {
 		pr, pw := io.Pipe()
 		loaded := make(chan error, 1)
@@ -199,7 +294,7 @@ func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn) (canonical.P
 			pr.CloseWithError(errConsumerDone)
 			loaded <- err
 		}()
-		pos, err := c.EmitCanonical(ctx, nil, pw)
+		pos, err := c.emitCanonical(ctx, nil, pw, progress)
 		pw.CloseWithError(err)
 		loadErr := <-loaded
 		var changed *SchemaIncompatibleError
@@ -214,7 +309,8 @@ func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn) (canonical.P
 	}
 }
 
-// run streams and applies until ctx ends or either side fails.
+// run streams and applies until ctx ends, the target reached
+// opts.StopAt, or either side fails.
 func (r *replica) run(ctx context.Context, opts ReplicateOptions) (canonical.Position, error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -227,18 +323,21 @@ func (r *replica) run(ctx context.Context, opts ReplicateOptions) (canonical.Pos
 		cancel()
 		applied <- err
 	}()
-	stopProgress := r.reportProgress(runCtx, opts)
 	stopSequences := r.followSequences(runCtx)
-	_, streamErr := r.c.stream(runCtx, streamConfig{from: r.from, durable: &r.durable}, func(ch canonical.Change) error {
+	cfg := streamConfig{from: r.from, durable: &r.durable, bound: opts.StopAt}
+	if opts.StopAt != 0 && opts.StopAt <= r.from {
+		cfg.bound = r.from // the target holds it already: stop at once
+	}
+	_, streamErr := r.c.stream(runCtx, cfg, func(ch canonical.Change) error {
 		if ch.Op == canonical.OpCommit {
-			r.received.Store(uint64(ch.Position))
+			r.receive(txEnd{pos: ch.Position, at: ch.CommitTime})
 		}
 		return pipe.put(runCtx, ch)
 	})
 	pipe.close(streamErr)
 	applyErr := <-applied
-	stopProgress()
 	seqErr := stopSequences()
+	r.setPhase(ReplicateStopped)
 	pos := r.applied()
 	switch {
 	case streamErr != nil && !errors.Is(streamErr, errApplyStopped):
@@ -247,6 +346,9 @@ func (r *replica) run(ctx context.Context, opts ReplicateOptions) (canonical.Pos
 		return pos, errorf("siphon: replicate: %w", applyErr)
 	case seqErr != nil:
 		return pos, errorf("siphon: replicate: %w", seqErr)
+	case opts.StopAt != 0 && ctx.Err() == nil:
+		r.c.log.Info("replicate reached its stop position", "stop_at", opts.StopAt, "applied", pos)
+		return pos, nil
 	}
 	return pos, stopReason(ctx, "replicate", pos)
 }
@@ -294,284 +396,4 @@ func (r *replica) followSequences(ctx context.Context) (stop func() error) {
 		defer cancel()
 		return advance(ctx)
 	}
-}
-
-// reportProgress calls opts.Progress every interval until stopped.
-func (r *replica) reportProgress(ctx context.Context, opts ReplicateOptions) (stop func()) {
-	if opts.Progress == nil {
-		return func() {}
-	}
-	every := opts.ProgressInterval
-	if every == 0 {
-		every = time.Second
-	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(every)
-		defer t.Stop()
-		last := ReplicateProgress{Applied: r.applied()}
-		lastAt := time.Now()
-		report := func(ctx context.Context, now time.Time) {
-			p := r.progress(ctx)
-			secs := max(now.Sub(lastAt).Seconds(), 1e-3)
-			p.TransactionsPerSecond = float64(p.Transactions-last.Transactions) / secs
-			p.ChangesPerSecond = float64(p.Changes-last.Changes) / secs
-			p.BytesPerSecond = float64(int64(p.Applied)-int64(last.Applied)) / secs
-			opts.Progress(p)
-			last, lastAt = p, now
-		}
-		for {
-			select {
-			case <-done:
-				ctx, cancel := cleanupContext(ctx)
-				report(ctx, time.Now()) // where Replicate stopped
-				cancel()
-				return
-			case now := <-t.C:
-				report(ctx, now)
-			}
-		}
-	}()
-	return func() { close(done); wg.Wait() }
-}
-
-// progress reads where the replica stands.
-func (r *replica) progress(ctx context.Context) ReplicateProgress {
-	p := ReplicateProgress{
-		Received: canonical.Position(r.received.Load()), Applied: r.applied(),
-		Transactions: r.txs.Load(), Changes: r.rows.Load(),
-	}
-	if end, _, err := r.c.insertPosition(ctx); err == nil {
-		p.SourceEnd = end
-		if p.Received > p.Applied {
-			p.LagBytes = int64(end) - int64(p.Applied)
-		}
-	}
-	return p
-}
-
-// errCaptureStopped ends the apply side when the capture stopped inside a
-// transaction: the unit is rolled back to its complete transactions.
-// errApplyStopped ends the capture when the apply side stopped.
-var (
-	errCaptureStopped = errors.New("siphon: the capture stopped inside a transaction")
-	errApplyStopped   = errors.New("siphon: the apply side stopped")
-)
-
-// capturePipe carries captured changes to the apply session as records,
-// with table records where a table's columns change, through a bounded
-// queue: a slow target holds the capture back. The queue is handed over
-// whole: the capture appends to it under a lock, and the apply side takes
-// every record queued at once, then reads them without the lock. Each side
-// wakes the other only when that one waits: the apply side once a commit,
-// or pipeWakeRecords records, are queued (it could not apply less); the
-// capture once the apply side took the queue. A busy pipe so costs a wake-up
-// per transaction or per queue, not one per record.
-type capturePipe struct {
-	mu          sync.Mutex
-	queue       []canonical.Record
-	readerWaits bool          // the apply side waits for readerWake
-	writerWaits bool          // the capture waits for writerWake
-	readerWake  chan struct{} // capacity 1, as writerWake
-	writerWake  chan struct{}
-	closed      bool          // the capture ended: err, end and cut are set
-	gone        chan struct{} // closed when the reader stopped
-	once        sync.Once
-
-	// Apply side: the records taken from the queue, and how many of them
-	// were read.
-	batch []canonical.Record
-	read  int
-
-	// Capture side.
-	tables map[canonical.TableName]*canonical.Table
-	source *canonical.Schema
-	inTx   bool
-	last   canonical.Position // the last commit's end
-
-	// End of the capture, set before closed.
-	err error
-	end canonical.Position
-	cut bool
-}
-
-// Bounds of the pipe: the queue holds at most pipeDepth/2 records, and the
-// apply side as many, so at most pipeDepth are in flight between capture
-// and apply; a waiting apply side is woken at a commit, or once
-// pipeWakeRecords records of a transaction are queued.
-const (
-	pipeDepth       = 4096
-	pipeWakeRecords = 256
-)
-
-// newCapturePipe returns a pipe for a capture that starts at from.
-func newCapturePipe(source *canonical.Schema, from canonical.Position) *capturePipe {
-	return &capturePipe{queue: make([]canonical.Record, 0, pipeDepth/2), batch: make([]canonical.Record, 0, pipeDepth/2),
-		readerWake: make(chan struct{}, 1), writerWake: make(chan struct{}, 1), gone: make(chan struct{}),
-		tables: map[canonical.TableName]*canonical.Table{}, source: source, last: from}
-}
-
-// put hands a change on, after a table record when its columns are new.
-// A message outside a transaction is not: apply ignores messages, and one
-// that followed the last commit would leave records buffered, so that the
-// apply side would keep that commit's unit open until the next
-// transaction arrived.
-func (p *capturePipe) put(ctx context.Context, ch canonical.Change) error {
-	switch ch.Op {
-	case canonical.OpMessage:
-		if !p.inTx {
-			return nil
-		}
-	case canonical.OpBegin:
-		p.inTx = true
-	case canonical.OpCommit:
-		p.inTx, p.last = false, ch.Position
-	}
-	rec := canonical.Record{Type: canonical.RecordChange, Change: &ch}
-	if ch.Op == canonical.OpInsert || ch.Op == canonical.OpUpdate || ch.Op == canonical.OpDelete {
-		t, fresh := p.table(&ch)
-		if fresh {
-			if err := p.send(ctx, canonical.Record{Type: canonical.RecordTable, Table: t}); err != nil {
-				return err
-			}
-		}
-		rec.Table = t
-	}
-	return p.send(ctx, rec)
-}
-
-// table returns the table record of ch's table and columns, and whether it
-// is new: keys and replica identity come from the source's schema.
-func (p *capturePipe) table(ch *canonical.Change) (*canonical.Table, bool) {
-	name := ch.TableName()
-	if t := p.tables[name]; t != nil && sameColumns(t.Columns, ch.Columns) {
-		return t, false
-	}
-	t := &canonical.Table{Schema: name.Schema, Name: name.Name, Columns: ch.Columns}
-	if known := p.source.Table(name.Schema, name.Name); known != nil {
-		t.PrimaryKey, t.ReplicaIdentity, t.PartitionOf = known.PrimaryKey, known.ReplicaIdentity, known.PartitionOf
-		for _, k := range known.IdentityKey {
-			if slices.ContainsFunc(ch.Columns, func(c canonical.Column) bool { return c.Name == k }) {
-				t.IdentityKey = append(t.IdentityKey, k)
-			}
-		}
-	}
-	p.tables[name] = t
-	return t, true
-}
-
-// sameColumns reports whether a and b describe the same columns; the
-// stream shares one slice per table version, which makes it cheap.
-func sameColumns(a, b []canonical.Column) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	if len(a) == 0 || &a[0] == &b[0] {
-		return true
-	}
-	return slices.Equal(a, b)
-}
-
-func (p *capturePipe) send(ctx context.Context, rec canonical.Record) error {
-	p.mu.Lock()
-	for len(p.queue) >= pipeDepth/2 {
-		p.writerWaits = true
-		p.mu.Unlock()
-		select {
-		case <-p.writerWake:
-		case <-p.gone:
-			return errApplyStopped
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
-		p.mu.Lock()
-	}
-	p.queue = append(p.queue, rec)
-	wake := p.readerWaits && (!p.inTx || len(p.queue) >= pipeWakeRecords)
-	if wake {
-		p.readerWaits = false
-	}
-	p.mu.Unlock()
-	if wake {
-		signal(p.readerWake)
-	}
-	return nil
-}
-
-// signal wakes the side waiting on c (a channel of capacity 1).
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
-}
-
-// close ends the capture: err is why it stopped (nil for a clean stop).
-func (p *capturePipe) close(err error) {
-	p.mu.Lock()
-	p.err, p.end, p.cut, p.closed = err, p.last, p.inTx, true
-	wake := p.readerWaits
-	p.readerWaits = false
-	p.mu.Unlock()
-	if wake {
-		signal(p.readerWake)
-	}
-}
-
-// abandon tells the capture that nothing reads any more.
-func (p *capturePipe) abandon() { p.once.Do(func() { close(p.gone) }) }
-
-// Next returns the next record; once the capture ended cleanly, an end
-// record at its last commit, and errCaptureStopped when it ended with an
-// error or inside a transaction, so that the apply side keeps only
-// complete transactions.
-func (p *capturePipe) Next() (canonical.Record, error) {
-	if p.read == len(p.batch) && !p.take() {
-		if p.cut || p.err != nil {
-			return canonical.Record{}, errCaptureStopped
-		}
-		return canonical.Record{Type: canonical.RecordEnd, Position: p.end}, nil
-	}
-	rec := p.batch[p.read]
-	p.batch[p.read] = canonical.Record{} // the apply side keeps what it needs
-	p.read++
-	return rec, nil
-}
-
-// take waits until records are queued and takes them all, handing the
-// emptied batch back to the capture as its queue; it reports false when
-// the capture ended with nothing queued.
-func (p *capturePipe) take() bool {
-	p.mu.Lock()
-	for len(p.queue) == 0 && !p.closed {
-		p.readerWaits = true
-		p.mu.Unlock()
-		<-p.readerWake
-		p.mu.Lock()
-	}
-	if len(p.queue) == 0 {
-		p.mu.Unlock()
-		return false
-	}
-	p.batch, p.queue, p.read = p.queue, p.batch[:0], 0
-	wake := p.writerWaits
-	p.writerWaits = false
-	p.mu.Unlock()
-	if wake {
-		signal(p.writerWake)
-	}
-	return true
-}
-
-// Buffered reports whether captured records wait.
-func (p *capturePipe) Buffered() bool {
-	if p.read < len(p.batch) {
-		return true
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.queue) > 0
 }

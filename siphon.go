@@ -31,6 +31,8 @@
 //     versioned, checksummed envelope.
 //   - [Conn.ApplyChange], [Conn.ConsumeCanonical], [Conn.AppliedPosition]:
 //     apply snapshots and change sets to a target exactly once.
+//   - [Conn.Replicate]: a live replica, its progress in time and bytes;
+//     [Conn.Cutover]: the end of a live migration, the target checked.
 //   - [Conn.Slots], [Conn.CreateBaseSlot], [Conn.DropSlot],
 //     [Conn.SweepOrphanSlots], [Conn.Detach]: slot health and lifecycle.
 //   - [Conn.Preflight]: what siphon can and cannot do on a server, and the
@@ -187,10 +189,12 @@
 // IntervalStyle postgres, extra_float_digits 3, bytea_output hex and
 // lc_monetary C.
 //
-// # Logging and secrets
+// # Logging, metrics and secrets
 //
 // siphon logs state changes only (slot created, blocked, retrying, resumed)
-// to the [WithLogger] logger, never per row. A DSN's password never appears
+// to the [WithLogger] logger, never per row, and reports metrics through
+// an OpenTelemetry MeterProvider given with [WithMeterProvider] (none by
+// default). A DSN's password never appears
 // in siphon's errors or log lines, and child processes (pg_dump) receive it
 // through a password file in their environment, never argv.
 package siphon
@@ -245,6 +249,9 @@ type Conn struct {
 	// identityNotes holds the source roles whose schema changes were said
 	// to run as the applying role.
 	identityNotes sync.Map
+	// stats is what the Conn's calls did; meters observe it.
+	stats  connStats
+	meters *meters
 	// catchUp tunes the SQL catch-up of a stream; the zero value means
 	// the defaults (see stream_sql.go). Only tests change it.
 	catchUpTuning catchUpSettings
@@ -292,6 +299,11 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 		pool.Close()
 		return nil, err
 	}
+	if c.meters, err = newMeters(c, o.meterProvider); err != nil {
+		pool.Close()
+		return nil, &OptionError{Option: "WithMeterProvider", Problem: "the provider refused siphon's instruments: " + err.Error(),
+			Fix: "pass a working metric.MeterProvider, or leave the option out"}
+	}
 	return c, nil
 }
 
@@ -302,6 +314,7 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 // [ErrClosed].
 func (c *Conn) Close() error {
 	c.pool.closed.Store(true)
+	c.meters.close()
 	c.bases.release(c.pool.Pool) // the pool itself, which takes work until it is closed
 	c.pool.Close()
 	return nil

@@ -155,6 +155,11 @@ type CopyOptions struct {
 	// again from scratch, before its rows come. Defaults to nil: such a
 	// relation makes the copy fail instead.
 	Restart func(TableCheckpoint) error
+
+	// progress, set inside siphon, receives the copy's progress besides
+	// WithProgress's function, and first one report per table with its
+	// estimates and no rows.
+	progress func(Progress)
 }
 
 // EmitCanonical writes a consistent snapshot of schema's tables as
@@ -176,7 +181,14 @@ type CopyOptions struct {
 // EmitCanonical takes its own [Snapshot] and closes it before returning;
 // copying works as in [Snapshot.CopyTables]. It buffers a bounded amount of
 // rows, however large the tables.
-func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer) (canonical.Position, error) {
+func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer) (_ canonical.Position, err error) {
+	defer func() { c.countError(ctx, err) }()
+	return c.emitCanonical(ctx, schema, w, nil)
+}
+
+// emitCanonical is EmitCanonical, with a function that receives the
+// copy's progress besides WithProgress's (see CopyOptions.progress).
+func (c *Conn) emitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer, progress func(Progress)) (canonical.Position, error) {
 	var err error
 	if schema == nil {
 		if schema, err = c.publishedSchema(ctx); err != nil {
@@ -194,7 +206,7 @@ func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io
 	if err != nil {
 		return 0, err
 	}
-	pos, err := c.emitSnapshot(ctx, snap, schema, header, w)
+	pos, err := c.emitSnapshot(ctx, snap, schema, header, w, progress)
 	if closeErr := snap.Close(context.WithoutCancel(ctx)); err == nil && closeErr != nil {
 		err = closeErr
 	}
@@ -204,7 +216,7 @@ func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io
 	return pos, nil
 }
 
-func (c *Conn) emitSnapshot(ctx context.Context, snap *Snapshot, schema *canonical.Schema, h canonical.Header, w io.Writer) (canonical.Position, error) {
+func (c *Conn) emitSnapshot(ctx context.Context, snap *Snapshot, schema *canonical.Schema, h canonical.Header, w io.Writer, progress func(Progress)) (canonical.Position, error) {
 	pos := snap.Position()
 	h.Kind, h.Start, h.End, h.Created = canonical.KindSnapshot, pos, pos, time.Now().UTC()
 	enc := c.opts.newEncoder(w)
@@ -218,7 +230,7 @@ func (c *Conn) emitSnapshot(ctx context.Context, snap *Snapshot, schema *canonic
 	}
 	err := c.copyTables(ctx, snap, schema, func(t *canonical.Table, row canonical.Row) error {
 		return enc.WriteRow(t.TableName(), row)
-	}, CopyOptions{})
+	}, CopyOptions{progress: progress})
 	if err != nil {
 		return 0, err
 	}

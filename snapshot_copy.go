@@ -287,6 +287,19 @@ func (r *copyRun) consume(ctx context.Context, fn RowFunc, cfg CopyOptions) erro
 		lastCheckpoint = time.Now()
 		return cfg.Checkpoint(r.checkpoint())
 	}
+	report := func(p Progress) {
+		if f := r.c.opts.progress; f != nil {
+			f(p)
+		}
+		if cfg.progress != nil {
+			cfg.progress(p)
+		}
+	}
+	if cfg.progress != nil {
+		for _, g := range r.groups {
+			cfg.progress(g.progress)
+		}
+	}
 	for _, g := range r.groups {
 		for _, rel := range g.rels {
 			if rel.restart != nil {
@@ -326,18 +339,16 @@ func (r *copyRun) consume(ctx context.Context, fn RowFunc, cfg CopyOptions) erro
 			g.progress.Rows += int64(b.rows)
 			g.progress.Bytes += b.copyBytes
 			b.recycle()
-			if f := r.c.opts.progress; f != nil && time.Since(lastReport) >= progressEvery {
+			if time.Since(lastReport) >= progressEvery {
 				lastReport = time.Now()
-				f(g.progress)
+				report(g.progress)
 			}
 			if err := checkpoint(false); err != nil {
 				return err
 			}
 		}
-		if f := r.c.opts.progress; f != nil {
-			g.progress.Done = true
-			f(g.progress)
-		}
+		g.progress.Done = true
+		report(g.progress)
 	}
 	return checkpoint(true)
 }

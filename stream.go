@@ -86,7 +86,8 @@ import (
 // (pg_replication_slot_advance) only to what was acknowledged. With no
 // room for a copy of the slot or a session, the stream reads everything
 // through the walsender.
-func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
+func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (_ canonical.Position, err error) {
+	defer func() { c.countError(ctx, err) }()
 	if emit == nil {
 		return from, errorf("siphon: stream changes: the emit function: %w", ErrNilArgument)
 	}
@@ -295,8 +296,12 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 	st := &streamState{
 		cfg: cfg, emit: emit, slot: c.opts.slot, ddl: newSchemaChanges(c.opts.noSchemaCapture, c.tables, c.log),
 		startConfirmed: slot.confirmed, lastEnd: max(cfg.from, slot.confirmed), seen: max(cfg.from, slot.confirmed),
+		stats: &c.stats,
 	}
 	st.acked.Store(uint64(max(cfg.from, slot.confirmed)))
+	c.stats.streamSessions.Add(1)
+	c.stats.streaming.Store(true)
+	defer c.stats.streaming.Store(false)
 	now, boundary, err := c.insertPosition(ctx)
 	if err != nil {
 		return setupFailed(ctx, res, err, cfg.from)

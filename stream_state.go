@@ -84,6 +84,9 @@ type streamState struct {
 	// ddl turns the schema capture's rows into OpDDL changes.
 	ddl *schemaChanges
 
+	// stats receives what the stream did, for the Conn's metrics.
+	stats *connStats
+
 	serverEnd     canonical.Position // the latest keepalive's WAL end
 	lastAnchorEnd canonical.Position // where the last heartbeat read ended
 	anchorAsked   time.Time
@@ -114,6 +117,7 @@ func (st *streamState) loop(ctx context.Context, in <-chan []item, free chan<- [
 			return streamResult{}, nil
 		case <-tick.C:
 			st.syncDurable()
+			st.publishStats()
 			st.maybeAskHeartbeat(heartbeatRequests, tickEvery)
 		case b := <-in:
 			for i := range b {
@@ -126,6 +130,7 @@ func (st *streamState) loop(ctx context.Context, in <-chan []item, free chan<- [
 				}
 			}
 			st.syncDurable()
+			st.publishStats()
 			clear(b) // drop the rows: emit may keep them, the batch may not
 			select {
 			case free <- b[:0]:
@@ -171,6 +176,7 @@ func (st *streamState) handle(it *item) (done bool, err error) {
 	case canonical.OpBegin:
 		st.inTx = true
 		st.ddl.begin()
+		st.stats.lastReceived.Store(time.Now().UnixNano())
 		// A transaction whose commit starts before from ends at or before
 		// it: the consumer has it. (PostgreSQL skips these too.) The same
 		// holds for one delivered earlier in this stream.
@@ -261,7 +267,23 @@ func (st *streamState) deliver(ch *canonical.Change) error {
 	if err := st.emit(*ch); err != nil {
 		return &emitError{op: ch.Op, pos: ch.Position, err: err}
 	}
+	switch ch.Op {
+	case canonical.OpCommit:
+		st.stats.streamTransactions.Add(1)
+		if !ch.CommitTime.IsZero() {
+			st.stats.lastCommit.Store(ch.CommitTime.UnixNano())
+		}
+	case canonical.OpBegin, canonical.OpMessage:
+	default:
+		st.stats.streamChanges.Add(1)
+	}
 	return nil
+}
+
+// publishStats hands the loop's positions to the Conn's metrics.
+func (st *streamState) publishStats() {
+	st.stats.serverEnd.Store(uint64(max(st.serverEnd, st.lastEnd)))
+	st.stats.acked.Store(st.acked.Load())
 }
 
 // heartbeat handles a heartbeat message read back from the stream.

@@ -24,7 +24,7 @@ const testSlot = "unit_slot"
 // newTestState is a streamState for cfg whose emit records what it gets.
 func newTestState(cfg streamConfig) (*streamState, *[]canonical.Change) {
 	var got []canonical.Change
-	st := &streamState{cfg: cfg, slot: testSlot, lastEnd: cfg.from, seen: cfg.from,
+	st := &streamState{cfg: cfg, slot: testSlot, lastEnd: cfg.from, seen: cfg.from, stats: &connStats{},
 		ddl:  newSchemaChanges(false, nil, slog.New(slog.NewTextHandler(io.Discard, nil))),
 		emit: func(ch canonical.Change) error { got = append(got, ch); return nil }}
 	st.acked.Store(uint64(cfg.from))

@@ -52,6 +52,7 @@ func assertMigrated(t *testing.T, out string) {
 	for _, step := range []string{"1. replicate", "2. cutover      lag zero", "set the sequences", "sequence at", "done in"} {
 		assert.Contains(t, out, step)
 	}
-	assert.Contains(t, out, ", lag 0 bytes,")
+	assert.Contains(t, out, "streaming: applied", "progress of the stream")
+	assert.Contains(t, out, "lag 0s (0 bytes)")
 	assert.Equal(t, 2, strings.Count(out, "identical to the source"), out)
 }
