@@ -44,8 +44,8 @@ type manifest struct {
 	// KeyID names the master key the objects were sealed with ("" when
 	// the repository has none); StreamKeyID the key that authenticated the
 	// canonical links.
-	KeyID       string `json:"key_id,omitempty"`
-	StreamKeyID string `json:"stream_key_id,omitempty"`
+	KeyID       string       `json:"key_id,omitempty"`
+	StreamKeyID string       `json:"stream_key_id,omitempty"`
 	Links       []linkRecord `json:"links"`
 }
 

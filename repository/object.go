@@ -368,4 +368,3 @@ func (f *envelopeFramer) Read(p []byte) (int, error) {
 	f.out = f.out[n:]
 	return n, nil
 }
-
