@@ -192,5 +192,3 @@ func assertProgress(t *testing.T, reports []repository.Progress, c *repository.C
 		assert.True(t, found, "a final upload report for link %d", l.N)
 	}
 }
-
-

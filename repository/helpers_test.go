@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -102,6 +103,8 @@ type source struct {
 	bases []string // the base slots of the test's chains
 }
 
+var quiet = slog.New(slog.DiscardHandler)
+
 var slotSeq = time.Now().UnixNano() % 1e6
 
 // newSource makes a database with the test's tables, a Conn on it with a
@@ -122,7 +125,7 @@ func newSource(t testing.TB, opts ...siphon.Option) *source {
 	require.NoError(t, err)
 	slotSeq++
 	slot := fmt.Sprintf("repo_t%d_%s", slotSeq, strings.ToLower(randomWord()))
-	c, err := siphon.Connect(ctx, dsn, append([]siphon.Option{siphon.WithSlot(slot), siphon.WithPublication(slot)}, opts...)...)
+	c, err := siphon.Connect(ctx, dsn, append([]siphon.Option{siphon.WithSlot(slot), siphon.WithPublication(slot), siphon.WithLogger(quiet)}, opts...)...)
 	require.NoError(t, err)
 	s := &source{dsn: dsn, slot: slot, conn: conn, c: c}
 	t.Cleanup(func() {
@@ -136,6 +139,15 @@ func newSource(t testing.TB, opts ...siphon.Option) *source {
 		c.Close()
 	})
 	return s
+}
+
+// streamKey returns the repository's stream key option, none for a
+// repository without a key.
+func streamKey(repo *repository.Repository) []siphon.Option {
+	if repo.Encrypted() {
+		return []siphon.Option{repo.StreamKey()}
+	}
+	return nil
 }
 
 func randomWord() string {

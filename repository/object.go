@@ -187,6 +187,10 @@ func (l *linkReader) open() error {
 		}
 		l.zr, src = zr, zr
 	}
+	// The stored bytes are checked as soon as the plaintext ends, before
+	// a dump's trailer is framed: siphon, reading the envelope, never sees
+	// it end on bytes the manifest does not vouch for.
+	src = &checkAtEOF{r: src, check: l.verifyStored}
 	if l.rec.Envelope != nil {
 		src = newEnvelopeFramer(src, l.rec.Envelope)
 	}
@@ -235,9 +239,9 @@ func (l *linkReader) named(err error) error {
 	return err
 }
 
-// finish checks the stored bytes against the manifest once the plaintext
-// ended, and returns io.EOF when they match.
-func (l *linkReader) finish() error {
+// verifyStored checks the stored bytes against the manifest once the
+// plaintext ended.
+func (l *linkReader) verifyStored() error {
 	if _, err := io.Copy(io.Discard, l.check); err != nil {
 		return err
 	}
@@ -248,6 +252,11 @@ func (l *linkReader) finish() error {
 	case got != l.rec.SHA256:
 		return &IntegrityError{Object: l.rec.Object, Problem: fmt.Sprintf("its SHA-256 is %s; the manifest says %s (changed, or swapped with another object)", got, l.rec.SHA256)}
 	}
+	return nil
+}
+
+// finish records a link read whole and returns io.EOF.
+func (l *linkReader) finish() error {
 	l.r.in.download(l.ctx, linkKind(l.rec.Kind), l.check.n)
 	l.prog.done()
 	l.closeCurrent()
@@ -286,6 +295,23 @@ func (l *linkReader) closeCurrent() {
 		l.br = nil
 	}
 	l.cur, l.check, l.prog = nil, nil, nil
+}
+
+// checkAtEOF runs check when r ends, and returns its error instead of
+// io.EOF.
+type checkAtEOF struct {
+	r     io.Reader
+	check func() error
+}
+
+func (c *checkAtEOF) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if err == io.EOF {
+		if cerr := c.check(); cerr != nil {
+			return n, cerr
+		}
+	}
+	return n, err
 }
 
 // storedReader hashes and counts the stored bytes read.

@@ -65,7 +65,10 @@ type RestoreReport struct {
 // second time to restore them (a third for the incremental cut at a
 // target). A target before the chosen chain's base is refused with
 // siphon.ErrTargetBeforeBase; no chain taken at or before the target is
-// ErrNoChain (wrapped).
+// ErrNoChain (wrapped). A chain whose manifest does not check out,
+// met while looking for the chain to restore (newest first), stops the
+// restore with its *IntegrityError rather than restoring an older chain:
+// name the chain to restore with opt.Chain.
 func (r *Repository) Restore(ctx context.Context, target *siphon.Conn, opt RestoreOptions) (_ *RestoreReport, err error) {
 	defer r.in.call(ctx, "restore")(err)
 	if err := r.use(); err != nil {
@@ -121,7 +124,10 @@ func (r *Repository) chooseChain(ctx context.Context, opt RestoreOptions) (*mani
 	var oldest *manifest
 	for i := len(states) - 1; i >= 0; i-- {
 		m := states[i].m
-		if states[i].tombstone || states[i].err != nil || m == nil {
+		if states[i].err != nil {
+			return nil, states[i].err // never fall back past a damaged chain
+		}
+		if states[i].tombstone || m == nil {
 			continue
 		}
 		oldest = m
