@@ -20,7 +20,7 @@ const (
 	verifiedPrefix = "verified-"
 	tombstoneName  = "expired.json"
 	encSuffix      = ".enc"
-	chainTimeFmt   = "20060102T150405Z"
+	chainTimeFmt   = "20060102T150405.000Z"
 )
 
 var lowerBase32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
@@ -33,7 +33,7 @@ func token(n int) string {
 }
 
 // newChainID returns a chain id that sorts by the time it was made: the
-// UTC time to the second, a dash and 6 random characters.
+// UTC time to the millisecond, a dash and 6 random characters.
 func newChainID(now time.Time) string {
 	return now.UTC().Format(chainTimeFmt) + "-" + token(6)
 }

@@ -18,8 +18,9 @@ import (
 // Chain is a chain of backups as its newest manifest describes it: a base
 // backup, then the incrementals that continue it.
 type Chain struct {
-	// ID names the chain: the UTC time it was started and 6 random
-	// characters ("20261201T100000Z-k3m9x2"); ids sort by time.
+	// ID names the chain: the UTC time it was started, to the
+	// millisecond, and 6 random characters ("20261201T100000.000Z-k3m9x2");
+	// ids sort by time, and Chains lists them in that order.
 	ID string
 	// Generation is the newest manifest's generation: the number of links.
 	Generation int
@@ -207,12 +208,6 @@ func (r *Repository) loadChains(ctx context.Context) ([]*chainState, error) {
 		}
 		out = append(out, st)
 	}
-	slices.SortStableFunc(out, func(a, b *chainState) int {
-		if a.m != nil && b.m != nil {
-			return a.m.Links[0].Created.Compare(b.m.Links[0].Created)
-		}
-		return 0
-	})
 	return out, nil
 }
 
@@ -274,7 +269,7 @@ func (r *Repository) resolveChain(ctx context.Context, id string) (*chainState, 
 		return nil, noChain("the repository holds no chain: start one with StartChain")
 	}
 	if !validChainID(id) {
-		return nil, noChain("%q is not a chain id (such as 20261201T100000Z-k3m9x2)", id)
+		return nil, noChain("%q is not a chain id (such as 20261201T100000.000Z-k3m9x2)", id)
 	}
 	st, err := r.loadChain(ctx, id)
 	switch {
