@@ -106,26 +106,7 @@ func (r *Repository) backupInto(ctx context.Context, src *siphon.Conn, opt sipho
 	done := make(chan error, 1)
 	s := &split{}
 	go func() {
-		hc := &headCapture{r: pr}
-		er := canonical.NewEnvelopeReader(hc)
-		err := func() error {
-			h, err := er.Header()
-			if err != nil {
-				return err
-			}
-			if h.Kind != canonical.KindDump {
-				return fmt.Errorf("the base backup is a %s, not a dump", h.Kind)
-			}
-			s.header = h
-			if _, err := io.Copy(ow, er); err != nil {
-				return err
-			}
-			if s.trailer, err = er.Trailer(); err != nil {
-				return err
-			}
-			s.head = hc.head
-			return nil
-		}()
+		err := splitEnvelope(pr, ow, s)
 		pr.CloseWithError(err) // a failed upload stops the backup's writes
 		done <- err
 	}()
@@ -142,6 +123,29 @@ func (r *Repository) backupInto(ctx context.Context, src *siphon.Conn, opt sipho
 		s.base = &canonical.EnvelopeBase{Slot: b.Slot, WALStart: b.WALStart, WALEnd: s.trailer.BaseWALEnd}
 	}
 	return s, nil
+}
+
+// splitEnvelope reads a base backup's envelope from src, writes its body
+// into ow and keeps its header lines and trailer in s.
+func splitEnvelope(src io.Reader, ow *objectWriter, s *split) error {
+	hc := &headCapture{r: src}
+	er := canonical.NewEnvelopeReader(hc)
+	h, err := er.Header()
+	if err != nil {
+		return err
+	}
+	if h.Kind != canonical.KindDump {
+		return fmt.Errorf("the base backup is a %s, not a dump", h.Kind)
+	}
+	s.header = h
+	if _, err := io.Copy(ow, er); err != nil {
+		return err
+	}
+	if s.trailer, err = er.Trailer(); err != nil {
+		return err
+	}
+	s.head = hc.head
+	return nil
 }
 
 // headCapture keeps the bytes of a stream up to its second newline: an
