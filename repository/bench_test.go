@@ -31,12 +31,7 @@ func benchData(b *testing.B) (dump, inc []byte) {
 	benchLinks.once.Do(func() {
 		siphontest.Start(b).SkipUnlessDumpClients(b)
 		ctx := context.Background()
-		rows := 100000
-		if v := os.Getenv("SIPHON_BENCH_ROWS"); v != "" {
-			var err error
-			rows, err = strconv.Atoi(v)
-			require.NoError(b, err)
-		}
+		rows := benchRows(b)
 		src := newSource(b)
 		src.exec(b, `CREATE TABLE bench (id int PRIMARY KEY, name text, amount numeric, at timestamptz DEFAULT now(), tags text[])`)
 		src.exec(b, `INSERT INTO bench SELECT g, md5(g::text), g * 1.5, now(), ARRAY['a', md5((g*3)::text)] FROM generate_series(1, $1) g`, rows)
@@ -54,6 +49,17 @@ func benchData(b *testing.B) (dump, inc []byte) {
 		b.Skip("no benchmark data")
 	}
 	return benchLinks.dump, benchLinks.inc
+}
+
+// benchRows is SIPHON_BENCH_ROWS, 100000 by default.
+func benchRows(b *testing.B) int {
+	rows := 100000
+	if v := os.Getenv("SIPHON_BENCH_ROWS"); v != "" {
+		var err error
+		rows, err = strconv.Atoi(v)
+		require.NoError(b, err)
+	}
+	return rows
 }
 
 // BenchmarkRepository measures the repository's upload and download of a
@@ -132,12 +138,14 @@ func BenchmarkRepository(b *testing.B) {
 // backup taken into the repository (StartChain) against the same Backup
 // written straight to the same bucket, and a restore of that chain with an
 // incremental (Restore) against RestoreChain of the same backups read
-// straight from the bucket, interleaved in one run. It reports each side's
-// seconds and repo/direct throughput (the target: 0.9 or more).
+// straight from the bucket, interleaved in one run, on a table of
+// SIPHON_BENCH_ROWS rows and an incremental that updates a quarter of
+// them. It reports each side's seconds and repo/direct throughput (the
+// target: 0.9 or more).
 //
 //	cd repository && go test -run '^$' -bench BenchmarkRepositoryEndToEnd -benchtime 3x
 func BenchmarkRepositoryEndToEnd(b *testing.B) {
-	benchData(b)
+	siphontest.Start(b).SkipUnlessDumpClients(b)
 	for _, be := range backends {
 		b.Run(be.name, func(b *testing.B) {
 			ctx := context.Background()
@@ -147,7 +155,7 @@ func BenchmarkRepositoryEndToEnd(b *testing.B) {
 			src := newSource(b, repo.StreamKey())
 			src.exec(b, `CREATE TABLE bench (id int PRIMARY KEY, name text, amount numeric, at timestamptz DEFAULT now(), tags text[])`)
 			src.exec(b, `INSERT INTO bench SELECT g, md5(g::text), g * 1.5, now(), ARRAY['a', md5((g*3)::text)] FROM generate_series(1, $1) g`,
-				len(benchLinks.inc)/400+1000)
+				benchRows(b))
 			var upDirect, upRepo, downDirect, downRepo time.Duration
 			for i := 0; b.Loop(); i++ {
 				began := time.Now()

@@ -88,7 +88,8 @@
 //	             {"n": 2, "kind": "incremental", "compression": "zstd", "start": "0/3000028", "end": "0/30A1B70",
 //	              "previous": "...", "transactions": 12, "first_commit": "...", "last_commit": "...", ...}]}}
 //
-// "sha256" and "stored_bytes" of a link are the object's as stored; a base's
+// "sha256" and "stored_bytes" of a link are the object's as stored (an
+// encrypted object has no "sha256": its segments authenticate it); a base's
 // "envelope" holds what siphon's envelope had around pg_dump's archive (its
 // header lines and trailer), so that the object is pg_dump's archive alone
 // and a restore frames it again into the very envelope siphon wrote.

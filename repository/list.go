@@ -5,6 +5,7 @@ package repository
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -52,9 +53,11 @@ type Chain struct {
 	// nil when it was never verified. A verification of an earlier
 	// generation covers the links it had then.
 	Verified *Verification
-	// Err is set, and the rest mostly empty, for a chain whose manifest
-	// could not be read or did not check out (an *IntegrityError naming
-	// it): such a chain is not restored nor expired.
+	// Err is set, and the rest empty, for a chain whose manifest could
+	// not be read: it did not check out (an *IntegrityError naming it), or
+	// it is encrypted and the repository was opened without a key (an
+	// error wrapping ErrNeedsKey). Such a chain is not restored nor
+	// expired.
 	Err error
 }
 
@@ -240,7 +243,7 @@ func (r *Repository) loadChain(ctx context.Context, id string) (*chainState, err
 	}
 	m, err := r.readManifest(ctx, id, newest, newestName)
 	if err != nil {
-		if _, ok := err.(*IntegrityError); !ok && !isNotFound(err) {
+		if _, ok := err.(*IntegrityError); !ok && !isNotFound(err) && !errors.Is(err, ErrNeedsKey) {
 			return nil, err
 		}
 		st.err = err

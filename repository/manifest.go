@@ -70,10 +70,11 @@ type linkRecord struct {
 	Created time.Time `json:"created"`
 	Written time.Time `json:"written"`
 	// Bytes is the plaintext size (a dump's body, an incremental's JSONL);
-	// StoredBytes and SHA256 the object's, as stored.
+	// StoredBytes and SHA256 the object's, as stored (no SHA256 for an
+	// encrypted object, whose segments authenticate it).
 	Bytes       int64  `json:"bytes"`
 	StoredBytes int64  `json:"stored_bytes"`
-	SHA256      string `json:"sha256"`
+	SHA256      string `json:"sha256,omitempty"`
 	// Tables the link holds (a dump's list; the tables an incremental
 	// changed or described).
 	Tables []canonical.TableName `json:"tables,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
+	"sync"
 
 	"github.com/klauspost/compress/zstd"
 	"gocloud.dev/blob"
@@ -37,6 +38,7 @@ type objectWriter struct {
 	top    io.Writer
 	plain  int64
 	prog   *progressCounter
+	pool   *sync.Pool // of zstd encoders, where zw goes back
 	err    error
 }
 
@@ -47,7 +49,12 @@ func (r *Repository) newObjectWriter(ctx context.Context, name, kind string, com
 		cancel()
 		return nil, fmt.Errorf("write %s: %w", name, err)
 	}
-	ow := &objectWriter{name: name, kind: kind, bw: bw, cancel: cancel, sum: sha256.New(), prog: prog}
+	ow := &objectWriter{name: name, kind: kind, bw: bw, cancel: cancel, prog: prog, pool: &r.encoders}
+	if !r.Encrypted() {
+		// An encrypted object's segments authenticate it; a plain one's
+		// SHA-256 goes to the manifest.
+		ow.sum = sha256.New()
+	}
 	var w io.Writer = storedWriter{ow}
 	if k := r.keys.current(); k != nil {
 		if ow.seal, err = newSealWriter(w, k, roleObject, name); err != nil {
@@ -57,7 +64,10 @@ func (r *Repository) newObjectWriter(ctx context.Context, name, kind string, com
 		w = ow.seal
 	}
 	if compress {
-		if ow.zw, err = zstd.NewWriter(w, zstd.WithEncoderLevel(r.opts.encoderLevel()), zstd.WithEncoderConcurrency(1)); err != nil {
+		if zw, ok := r.encoders.Get().(*zstd.Encoder); ok {
+			zw.Reset(w)
+			ow.zw = zw
+		} else if ow.zw, err = zstd.NewWriter(w, zstd.WithEncoderLevel(r.opts.encoderLevel()), zstd.WithEncoderConcurrency(1)); err != nil {
 			ow.abort()
 			return nil, fmt.Errorf("write %s: %w", name, err)
 		}
@@ -72,7 +82,9 @@ type storedWriter struct{ ow *objectWriter }
 
 func (s storedWriter) Write(p []byte) (int, error) {
 	n, err := s.ow.bw.Write(p)
-	s.ow.sum.Write(p[:n])
+	if s.ow.sum != nil {
+		s.ow.sum.Write(p[:n])
+	}
 	s.ow.stored += int64(n)
 	return n, err
 }
@@ -104,6 +116,7 @@ func (ow *objectWriter) commit() error {
 			ow.abort()
 			return fmt.Errorf("write %s: %w", ow.name, err)
 		}
+		ow.release()
 	}
 	if ow.seal != nil {
 		if err := ow.seal.Close(); err != nil {
@@ -124,11 +137,25 @@ func (ow *objectWriter) abort() {
 	_ = ow.bw.Close() // returns the cancellation
 	if ow.zw != nil {
 		_ = ow.zw.Close()
+		ow.release()
 	}
 }
 
-// checksum returns the stored bytes' SHA-256.
-func (ow *objectWriter) checksum() string { return hex.EncodeToString(ow.sum.Sum(nil)) }
+// release gives the compressor back to the pool, pointing at nothing.
+func (ow *objectWriter) release() {
+	ow.zw.Reset(nil)
+	ow.pool.Put(ow.zw)
+	ow.zw = nil
+}
+
+// checksum returns the stored bytes' SHA-256 ("" for an encrypted
+// object).
+func (ow *objectWriter) checksum() string {
+	if ow.sum == nil {
+		return ""
+	}
+	return hex.EncodeToString(ow.sum.Sum(nil))
+}
 
 // linkReader reads a link's plaintext from the bucket: a dump's envelope
 // (the object's body framed again between the envelope's recorded header
@@ -169,7 +196,10 @@ func (l *linkReader) open() error {
 		return fmt.Errorf("read %s: %w", l.rec.Object, err)
 	}
 	l.br = br
-	l.check = &storedReader{r: br, sum: sha256.New()}
+	l.check = &storedReader{r: br}
+	if l.rec.SHA256 != "" || !l.r.Encrypted() {
+		l.check.sum = sha256.New()
+	}
 	var src io.Reader = l.check
 	if l.r.Encrypted() {
 		or, err := newOpenReader(src, l.r.keys, roleObject, l.rec.Object)
@@ -180,7 +210,12 @@ func (l *linkReader) open() error {
 		src = or
 	}
 	if l.rec.Compression == "zstd" {
-		zr, err := zstd.NewReader(src, zstd.WithDecoderConcurrency(1))
+		zr, ok := l.r.decoders.Get().(*zstd.Decoder)
+		if ok {
+			err = zr.Reset(src)
+		} else {
+			zr, err = zstd.NewReader(src, zstd.WithDecoderConcurrency(1))
+		}
 		if err != nil {
 			l.closeCurrent()
 			return fmt.Errorf("read %s: %w", l.rec.Object, err)
@@ -245,10 +280,13 @@ func (l *linkReader) verifyStored() error {
 	if _, err := io.Copy(io.Discard, l.check); err != nil {
 		return err
 	}
-	got := hex.EncodeToString(l.check.sum.Sum(nil))
-	switch {
-	case l.check.n != l.rec.StoredBytes:
+	if l.check.n != l.rec.StoredBytes {
 		return &IntegrityError{Object: l.rec.Object, Problem: fmt.Sprintf("it holds %d bytes; the manifest says %d (cut short, extended, or swapped with another object)", l.check.n, l.rec.StoredBytes)}
+	}
+	if l.check.sum == nil {
+		return nil // every segment authenticated
+	}
+	switch got := hex.EncodeToString(l.check.sum.Sum(nil)); {
 	case got != l.rec.SHA256:
 		return &IntegrityError{Object: l.rec.Object, Problem: fmt.Sprintf("its SHA-256 is %s; the manifest says %s (changed, or swapped with another object)", got, l.rec.SHA256)}
 	}
@@ -287,7 +325,8 @@ func (l *linkReader) Close() error {
 
 func (l *linkReader) closeCurrent() {
 	if l.zr != nil {
-		l.zr.Close()
+		_ = l.zr.Reset(nil)
+		l.r.decoders.Put(l.zr)
 		l.zr = nil
 	}
 	if l.br != nil {
@@ -324,7 +363,9 @@ type storedReader struct {
 
 func (s *storedReader) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
-	s.sum.Write(p[:n])
+	if s.sum != nil {
+		s.sum.Write(p[:n])
+	}
 	s.n += int64(n)
 	if err != nil {
 		s.err = err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"gocloud.dev/blob"
@@ -29,6 +30,9 @@ type Repository struct {
 	// writer identifies this Repository value in the manifests it writes.
 	writer string
 	closed atomic.Bool
+	// encoders and decoders are zstd's, kept between links: making one
+	// allocates its window and tables.
+	encoders, decoders sync.Pool
 
 	// beforeManifest, when set (by tests), runs before a manifest
 	// generation is written.
@@ -198,6 +202,9 @@ func (r *Repository) getSmall(ctx context.Context, name string, role subkeyRole,
 	data, err := readLimited(src, limit, name)
 	if err != nil {
 		return nil, err
+	}
+	if !r.Encrypted() && bytes.HasPrefix(data, []byte(encMagic)) {
+		return nil, fmt.Errorf("%w: %s", ErrNeedsKey, name)
 	}
 	r.in.download(ctx, kind, rd.Size())
 	return data, nil
