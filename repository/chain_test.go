@@ -53,6 +53,7 @@ func TestChainRestoreAsOfTime(t *testing.T) {
 			src.exec(t, `CREATE TABLE notes (id int PRIMARY KEY, body text); INSERT INTO notes VALUES (1, 'one'), (2, 'two')`)
 			src.exec(t, `UPDATE accounts SET currency = 'USD' WHERE id % 3 = 0`)
 			asOf := src.serverNow(t)
+			posAt := src.insertPosition(t)
 			want := readState(t, src.dsn)
 			src.exec(t, `INSERT INTO notes VALUES (3, 'three'); UPDATE accounts SET balance = 0 WHERE id = 7`)
 			src.exec(t, `ALTER TABLE notes ADD COLUMN pinned bool`)
@@ -105,6 +106,13 @@ func TestChainRestoreAsOfTime(t *testing.T) {
 			assert.Equal(t, chain.ID, restored.Chain)
 			assert.True(t, restored.Covered)
 			assert.Equal(t, want, readState(t, target.dsn), "the target is the source as of the time")
+
+			byPos := connectTarget(t, repo.StreamKey())
+			restored, err = repo.Restore(ctx, byPos.c, repository.RestoreOptions{Position: posAt})
+			require.NoError(t, err)
+			assert.Equal(t, 3, restored.Links, "the link that starts after the target is not read")
+			assert.LessOrEqual(t, restored.Reached, posAt)
+			assert.Equal(t, want, readState(t, byPos.dsn), "the target is the source at the Position")
 
 			whole := connectTarget(t, repo.StreamKey())
 			restored, err = repo.Restore(ctx, whole.c, repository.RestoreOptions{})

@@ -21,6 +21,7 @@ import (
 	"gocloud.dev/blob"
 
 	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/repository"
 	"github.com/siphondb/siphon/siphontest"
 )
@@ -221,4 +222,15 @@ func (s *source) serverNow(t testing.TB) time.Time {
 	var now time.Time
 	require.NoError(t, s.conn.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&now))
 	return now
+}
+
+// insertPosition reads the server's WAL insert position: every
+// transaction committed before ends at or before it.
+func (s *source) insertPosition(t testing.TB) canonical.Position {
+	t.Helper()
+	var lsn string
+	require.NoError(t, s.conn.QueryRow(context.Background(), `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn))
+	pos, err := canonical.ParsePosition(lsn)
+	require.NoError(t, err)
+	return pos
 }
