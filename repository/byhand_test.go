@@ -25,7 +25,10 @@ func TestRestoreByHand(t *testing.T) {
 	pgRestore := findPgRestore(t)
 	ctx := context.Background()
 	for _, keyed := range []bool{false, true} {
-		u := fileBucket(t)
+		// The repository under a prefix of the bucket; a person sees the
+		// objects' whole keys.
+		bucketURL := fileBucket(t)
+		u := bucketURL + "&prefix=backups/"
 		key := newKey(t)
 		var opts []repository.Option
 		if keyed {
@@ -36,7 +39,8 @@ func TestRestoreByHand(t *testing.T) {
 		atBase := readState(t, src.dsn)
 		chain := makeChain(t, repo, src, 1)
 
-		data := read(t, openBucket(t, u), chain.Links[0].Object)
+		whole := "backups/" + chain.Links[0].Object
+		data := read(t, openBucket(t, bucketURL), whole)
 		path := filepath.Join(t.TempDir(), "base.dump")
 		out, err := os.Create(path)
 		require.NoError(t, err)
@@ -47,7 +51,7 @@ func TestRestoreByHand(t *testing.T) {
 			require.NoError(t, err)
 			_, err = in.Seek(0, 0)
 			require.NoError(t, err)
-			require.NoError(t, repository.Decrypt(out, in, chain.Links[0].Object, key))
+			require.NoError(t, repository.Decrypt(out, in, whole, key))
 			in.Close()
 		} else {
 			_, err = out.Write(data)

@@ -14,9 +14,13 @@ import (
 
 // Option says who a Repository is: what holds for its whole life and every
 // call it makes (its key, its compression, where it reports). Options are
-// given to Open or New, which check them all and return an *OptionError
-// saying how to fix a bad one. What one call does is that call's
-// parameters and its ...Options struct, as in the siphon package.
+// functional options given to Open or New, as siphon.Connect takes them,
+// so that a Repository and the Conns it works with are set up the same
+// way; Open and New check them all and return an *OptionError saying how
+// to fix a bad one before the bucket is touched. What one call does is
+// that call's parameters and its ...Options struct (StartChainOptions,
+// VerifyOptions, RestoreOptions, ExpireOptions), whose zero values are
+// the defaults, as in the siphon package.
 type Option func(*options)
 
 type options struct {
