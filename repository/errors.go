@@ -92,10 +92,10 @@ func (e *ConflictError) Error() string {
 }
 
 // MismatchError is returned by Repository.AddLink when the incremental
-// taken does not belong to the chain (another source cluster, timeline or
-// slot than the chain's base, or not authenticated with the repository's
-// stream key) and by Repository.Restore when the target chosen cannot be
-// reached. Nothing was added to the chain.
+// taken does not belong to the chain: another source cluster, timeline or
+// slot than the chain's base, or, in a keyed repository, not authenticated
+// with the repository's stream key. It is found on the incremental's
+// header, before more of it is read; nothing was added to the chain.
 type MismatchError struct {
 	Chain string
 	// What differs, for example "system identifier".
