@@ -105,9 +105,9 @@ func TestOpenRefusesTampering(t *testing.T) {
 	require.True(t, errors.As(Decrypt(io.Discard, &m, name, keys...), &integrity))
 }
 
-// TestEnvelopeFramerRebuildsTheEnvelope checks that a dump's body framed
-// again between its recorded head and trailer reads as the envelope
-// siphon wrote, with the same Link.
+// TestEnvelopeFramerRebuildsTheEnvelope splits an envelope as StartChain
+// does and checks that the body framed again between its head and trailer
+// reads as the envelope siphon wrote, with the same Link.
 func TestEnvelopeFramerRebuildsTheEnvelope(t *testing.T) {
 	for _, size := range []int{0, 10, frameChunk, 3*frameChunk + 5} {
 		body := make([]byte, size)
@@ -120,15 +120,21 @@ func TestEnvelopeFramerRebuildsTheEnvelope(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, ew.Close())
 
-		hc := &headCapture{r: bytes.NewReader(env.Bytes())}
-		er := canonical.NewEnvelopeReader(hc)
-		gotBody, err := io.ReadAll(er)
+		// Split as Backup writes it, in pieces of odd sizes.
+		var gotBody bytes.Buffer
+		es := newEnvelopeSplitter(&gotBody)
+		for p := env.Bytes(); len(p) > 0; {
+			k := min(len(p), 1+len(p)%7919)
+			_, err := es.Write(p[:k])
+			require.NoError(t, err)
+			p = p[k:]
+		}
+		sp, err := es.split()
 		require.NoError(t, err)
-		require.Equal(t, body, gotBody)
-		tr, err := er.Trailer()
-		require.NoError(t, err)
+		require.True(t, bytes.Equal(body, gotBody.Bytes()), "size %d", size)
+		require.Equal(t, ew.Trailer(), sp.trailer)
 
-		framed := newEnvelopeFramer(bytes.NewReader(body), &envelopeRecord{Head: string(hc.head), Trailer: tr})
+		framed := newEnvelopeFramer(bytes.NewReader(body), &envelopeRecord{Head: string(sp.head), Trailer: sp.trailer})
 		er2 := canonical.NewEnvelopeReader(framed)
 		again, err := io.ReadAll(er2)
 		require.NoError(t, err, "size %d", size)
@@ -200,4 +206,35 @@ func TestLayoutNames(t *testing.T) {
 	assert.True(t, enc)
 	assert.Equal(t, 12, gen)
 	assert.Equal(t, "chains/"+id+"/x", objectName("backups/chains/"+id+"/x"))
+}
+
+// TestEnvelopeSplitterRefusesDamage checks the splitter's checks of the
+// framing.
+func TestEnvelopeSplitterRefusesDamage(t *testing.T) {
+	var env bytes.Buffer
+	ew, err := canonical.NewEnvelopeWriter(&env, canonical.EnvelopeHeader{Kind: canonical.KindDump, Body: canonical.BodyPgDumpCustom,
+		Engine: canonical.EnginePostgres, Start: 42, End: 42})
+	require.NoError(t, err)
+	_, _ = ew.Write(bytes.Repeat([]byte("body"), 1000))
+	require.NoError(t, ew.Close())
+	data := env.Bytes()
+	headEnd := bytes.IndexByte(data[bytes.IndexByte(data, '\n')+1:], '\n') + bytes.IndexByte(data, '\n') + 2
+	for what, bad := range map[string][]byte{
+		"a flipped body byte":  flipAt(data, headEnd+10),
+		"a flipped trailer":    flipAt(data, len(data)-5),
+		"cut short":            data[:len(data)-10],
+		"data after it":        append(bytes.Clone(data), 'x'),
+		"a snapshot, not dump": bytes.Replace(bytes.Clone(data), []byte(`"kind":"dump"`), []byte(`"kind":"snapshot"`), 1),
+	} {
+		es := newEnvelopeSplitter(io.Discard)
+		_, werr := es.Write(bad)
+		_, serr := es.split()
+		assert.Error(t, errors.Join(werr, serr), what)
+	}
+}
+
+func flipAt(data []byte, i int) []byte {
+	b := bytes.Clone(data)
+	b[i] ^= 1
+	return b
 }

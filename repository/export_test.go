@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"errors"
 	"io"
 	"time"
 
@@ -33,8 +34,10 @@ func UploadLink(ctx context.Context, r *Repository, dump bool, plain io.Reader) 
 		if err != nil {
 			return nil, err
 		}
-		s := &split{}
-		if err := splitEnvelope(plain, ow, s); err != nil {
+		es := newEnvelopeSplitter(ow)
+		_, err = io.Copy(es, plain)
+		s, serr := es.split()
+		if err = errors.Join(err, serr); err != nil {
 			ow.abort()
 			return nil, err
 		}

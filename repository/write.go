@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/siphondb/siphon"
@@ -98,73 +97,13 @@ type split struct {
 }
 
 // backupInto runs src.Backup and writes the body of the envelope it
-// writes into ow, keeping the header lines and the trailer: the envelope
-// is read (every chunk checked) in a goroutine of this call, joined before
-// it returns.
+// writes into ow, keeping the header lines and the trailer.
 func (r *Repository) backupInto(ctx context.Context, src *siphon.Conn, opt siphon.BackupOptions, ow *objectWriter) (*split, error) {
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	s := &split{}
-	go func() {
-		err := splitEnvelope(pr, ow, s)
-		pr.CloseWithError(err) // a failed upload stops the backup's writes
-		done <- err
-	}()
-	berr := src.Backup(ctx, opt, pw)
-	pw.CloseWithError(berr)
-	uerr := <-done
-	if berr != nil {
-		return nil, berr
+	es := newEnvelopeSplitter(ow)
+	if err := src.Backup(ctx, opt, es); err != nil {
+		return nil, err
 	}
-	if uerr != nil {
-		return nil, uerr
-	}
-	if b := s.header.Base; b != nil {
-		s.base = &canonical.EnvelopeBase{Slot: b.Slot, WALStart: b.WALStart, WALEnd: s.trailer.BaseWALEnd}
-	}
-	return s, nil
-}
-
-// splitEnvelope reads a base backup's envelope from src, writes its body
-// into ow and keeps its header lines and trailer in s.
-func splitEnvelope(src io.Reader, ow *objectWriter, s *split) error {
-	hc := &headCapture{r: src}
-	er := canonical.NewEnvelopeReader(hc)
-	h, err := er.Header()
-	if err != nil {
-		return err
-	}
-	if h.Kind != canonical.KindDump {
-		return fmt.Errorf("the base backup is a %s, not a dump", h.Kind)
-	}
-	s.header = h
-	if _, err := io.Copy(ow, er); err != nil {
-		return err
-	}
-	if s.trailer, err = er.Trailer(); err != nil {
-		return err
-	}
-	s.head = hc.head
-	return nil
-}
-
-// headCapture keeps the bytes of a stream up to its second newline: an
-// envelope's magic and header lines.
-type headCapture struct {
-	r     io.Reader
-	head  []byte
-	lines int
-}
-
-func (h *headCapture) Read(p []byte) (int, error) {
-	n, err := h.r.Read(p)
-	for i := 0; i < n && h.lines < 2; i++ {
-		h.head = append(h.head, p[i])
-		if p[i] == '\n' {
-			h.lines++
-		}
-	}
-	return n, err
+	return es.split()
 }
 
 // firstManifest is generation 1 of a chain: its base.
