@@ -101,9 +101,14 @@ type split struct {
 func (r *Repository) backupInto(ctx context.Context, src *siphon.Conn, opt siphon.BackupOptions, ow *objectWriter) (*split, error) {
 	es := newEnvelopeSplitter(ow)
 	if err := src.Backup(ctx, opt, es); err != nil {
-		return nil, err
+		return nil, err // siphon dropped the base slot of a failed backup
 	}
-	return es.split()
+	sp, err := es.split()
+	if err != nil && es.header.Base != nil {
+		// Backup completed its base slot: nothing will list it.
+		err = errors.Join(err, src.DropSlot(context.WithoutCancel(ctx), es.header.Base.Slot))
+	}
+	return sp, err
 }
 
 // firstManifest is generation 1 of a chain: its base.
