@@ -22,7 +22,9 @@
 //     "nobody"), since PostgreSQL refuses to run as root. The superuser
 //     "postgres" connects without a password; every other role must give
 //     its password (scram-sha-256), so tests can check password handling;
-//  3. a Docker engine, through the testcontainers postgres module;
+//  3. a Docker engine, through the docker command: a postgres:16-alpine
+//     container with its port published on 127.0.0.1, removed by a reaper
+//     when the test binary exits;
 //  4. otherwise the test is skipped with a message saying how to get a
 //     server, or fails when the CI environment variable is set.
 //

@@ -4,6 +4,7 @@
 // per transaction), and any number of consumers read it back, whole
 // transactions in commit order, each from where it stopped.
 //
+//	cd natsjs   # the natsjs module
 //	go run ./examples/cdc-jetstream        # demo: embedded PostgreSQL, in-process nats-server
 //	SIPHON_DSN=postgres://... NATS_URL=nats://... go run ./examples/cdc-jetstream -publish
 //	NATS_URL=nats://... go run ./examples/cdc-jetstream -consume -tables public.orders
