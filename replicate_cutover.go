@@ -59,7 +59,9 @@ type TableComparison struct {
 // Replicate of c runs (cancel it: Cutover goes on from where it stopped).
 // It reads the source's WAL insert position, replicates every transaction
 // committed before it into target (Replicate with StopAt: it returns on an
-// idle source too), sets the target's sequences to the source's, then
+// idle source too; a target that holds nothing of the source gets the
+// initial snapshot first, which makes Cutover alone an offline
+// migration), sets the target's sequences to the source's, then
 // compares every published table on both sides, by row count or, with
 // opt.Contents, by a checksum of the rows' values. The report says where
 // the cutover ended and what differs; the application may then write to
@@ -76,7 +78,7 @@ func (c *Conn) Cutover(ctx context.Context, target *Conn, opt CutoverOptions) (*
 		return nil, errorf("siphon: cutover: %w", err)
 	}
 	rep := &CutoverReport{Position: end}
-	rep.Applied, err = c.Replicate(ctx, target, ReplicateOptions{StopAt: end, Progress: opt.Progress,
+	rep.Applied, err = c.Replicate(ctx, target, ReplicateOptions{StopAt: end, Snapshot: true, Progress: opt.Progress,
 		ProgressInterval: opt.ProgressInterval, SkipSchemaChanges: opt.SkipSchemaChanges})
 	if errors.Is(err, ErrAlreadyStreaming) {
 		return nil, errorf("siphon: cutover: %w: stop the running Replicate of this Conn first (cancel its ctx); Cutover goes on from where it stopped", err)
