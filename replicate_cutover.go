@@ -146,9 +146,15 @@ func compareTable(ctx context.Context, source, target *Conn, t *canonical.Table,
 // WaitApplied waits until the database c is connected to (a target) holds
 // its source up to pos, or past it, as [Conn.AppliedPosition] reads it,
 // whoever applies it (a Replicate, a ConsumeCanonical or a natsjs
-// consumer in another process). It checks at a growing interval, up to
-// once a second, until ctx ends (returning ctx's error). A target that
-// holds several sources returns an error wrapping [ErrAmbiguousSource].
+// consumer in another process). pos is the end of a source transaction:
+// an OpCommit's Position, or what a stream or a backup returned. A WAL
+// position between transactions (pg_current_wal_insert_lsn(), say) is
+// reached only once a later transaction is applied: to wait for
+// everything committed before such a position, use
+// [ReplicateOptions].StopAt or [Conn.Cutover]. It checks at a growing
+// interval, up to once a second, until ctx ends (returning ctx's error). A
+// target that holds several sources returns an error wrapping
+// [ErrAmbiguousSource].
 func (c *Conn) WaitApplied(ctx context.Context, pos canonical.Position) error {
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		applied, err := c.AppliedPosition(ctx)
