@@ -79,14 +79,18 @@ func run(ctx context.Context, out io.Writer) error {
 
 	// 1. Snapshot, then the stream, into the target, while the application writes.
 	caughtUp := make(chan struct{})
-	var once bool
+	var once, loaded bool
 	replica := startReplicate(ctx, src, target, siphon.ReplicateOptions{
 		Snapshot:         true,
 		ProgressInterval: 250 * time.Millisecond,
 		Progress: func(p siphon.ReplicateProgress) {
-			if p.Phase == siphon.ReplicateCopying {
+			switch {
+			case p.Phase == siphon.ReplicateCopying:
 				fmt.Fprintf(out, "   copying the snapshot: %d of %d tables, %d rows\n", p.Snapshot.TablesDone, p.Snapshot.Tables, p.Snapshot.Rows)
 				return
+			case !loaded && p.Phase == siphon.ReplicateStreaming:
+				loaded = true
+				fmt.Fprintf(out, "   snapshot loaded: %d tables, %d rows\n", p.Snapshot.TablesDone, p.Snapshot.Rows)
 			}
 			fmt.Fprintf(out, "   %s: applied %v, lag %v (%d bytes), %d transactions streamed, %.0f tx/s\n",
 				p.Phase, p.Applied, p.Lag.Round(time.Millisecond), p.LagBytes, p.Transactions, p.TransactionsPerSecond)
