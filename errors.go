@@ -11,8 +11,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/siphondb/siphon/canonical"
 	dsnpkg "github.com/siphondb/siphon/internal/dsn"
+	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
@@ -208,14 +212,16 @@ type ChainError struct {
 	// Link is the first bad link, 1-based: 1 is the base backup, 2 the
 	// first incremental.
 	Link int
-	// Problems are that link's problems, as in [ChainReport].Problems.
+	// Problems are that link's problems, as in [ChainReport].Problems:
+	// each starts with "link N: ".
 	Problems []string
 	// Report is the whole chain's report.
 	Report *ChainReport
 }
 
 func (e *ChainError) Error() string {
-	return fmt.Sprintf("siphon: restore chain refused, nothing was restored: link %d: %s", e.Link, strings.Join(e.Problems, "; "))
+	// Each problem names its link already ("link 3: ...").
+	return "siphon: restore chain refused, nothing was restored: " + strings.Join(e.Problems, "; ")
 }
 
 // Errors of [Conn.Restore] callers can branch on with errors.Is.
@@ -254,6 +260,53 @@ var (
 	// ErrSlotInUse means a replication slot is active in another session.
 	ErrSlotInUse = errors.New("siphon: replication slot is in use")
 )
+
+// PrivilegeError reports that the server refused what siphon asked of it
+// because the role lacks a privilege: which one, what needs it, and the
+// statement that grants it. Every refusal for lack of a privilege that
+// siphon can name is one (a replication session without REPLICATION, a
+// table or sequence the role may not read or write, a schema it may not
+// use).
+type PrivilegeError struct {
+	// Role is the role that lacks the privilege.
+	Role string
+	// Privilege is what it lacks: "the REPLICATION attribute",
+	// "SELECT on table public.orders", ...
+	Privilege string
+	// Needed says what needs it: "replication sessions: snapshots,
+	// streams, backups", ...
+	Needed string
+	// Fix is the statement that grants it, and who may run it.
+	Fix string
+	// Err is the error the lack caused: the server's, or pg_dump's (a
+	// [*pgdump.ExitError]); nil in a Preflight check.
+	Err error
+}
+
+func (e *PrivilegeError) Error() string {
+	msg := fmt.Sprintf("siphon: role %q lacks %s", e.Role, e.Privilege)
+	if e.Needed != "" {
+		msg += " (needed for " + e.Needed + ")"
+	}
+	msg += ": " + e.Fix
+	if e.Err != nil {
+		msg += fmt.Sprintf(" (%v)", e.Err)
+	}
+	return msg
+}
+
+func (e *PrivilegeError) Unwrap() error { return e.Err }
+
+// privilegeError returns err as a *PrivilegeError of role when it is the
+// server's refusal for lack of a privilege (SQLSTATE 42501), and err
+// otherwise. privilege, needed and fix are as in PrivilegeError.
+func privilegeError(err error, role, privilege, needed, fix string) error {
+	var pgErr *pgconn.PgError
+	if !pgerr.Is(err, pgerrcode.InsufficientPrivilege) || !errors.As(err, &pgErr) {
+		return err
+	}
+	return &PrivilegeError{Role: role, Privilege: privilege, Needed: needed, Fix: fix, Err: pgErr}
+}
 
 // OptionError reports an invalid [Option] given to [Connect].
 type OptionError struct {
