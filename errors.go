@@ -65,7 +65,9 @@ var ErrApplyInProgress = errors.New("siphon: another session is applying this so
 
 // ErrAmbiguousSource is returned (wrapped) by [Conn.AppliedPosition] when
 // changes from more than one source were applied into the target database:
-// ask for one with [Conn.AppliedPositionFor].
+// ask for one with [Conn.AppliedPositionFor] ([Conn.AppliedSources] lists
+// them), or forget those no longer applied ([Conn.ResetAppliedPosition],
+// [Conn.SweepOrphanOriginsWith]).
 var ErrAmbiguousSource = errors.New("siphon: more than one source was applied into the target")
 
 // Errors of [Conn.ConsumeCanonical] callers can branch on with errors.Is.
