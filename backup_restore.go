@@ -42,6 +42,13 @@ type RestoreOptions struct {
 	// Role makes pg_restore SET ROLE to it after connecting: with NoOwner
 	// the restored objects belong to it.
 	Role string
+	// KeepPublications restores the backup's publications too. Defaults
+	// to false: a restored database is not a source, and the source's
+	// publications (siphon's among them) would make it publish as one.
+	// Subscriptions are never restored (they would connect to the
+	// source's publishers), nor siphon's own objects (its schema and the
+	// schema capture's event triggers).
+	KeepPublications bool
 	// PgRestore is the pg_restore to run: its path, or the directory that
 	// holds it. Defaults to the newest found on PATH or under
 	// /usr/lib/postgresql/*/bin, of a release not older than the target
@@ -68,7 +75,8 @@ type RestoreOptions struct {
 // error is a [*pgdump.ExitError] with pg_restore's messages.
 //
 // Restoring makes the target equal to the source at the backup's Position
-// (header Start), and records that Position in the target as
+// (header Start), without the source's publications and subscriptions (see
+// [RestoreOptions].KeepPublications) and siphon's own objects, and records that Position in the target as
 // [Conn.ConsumeCanonical] records what it applied (see
 // [Conn.MarkAppliedPosition]): apply the incrementals that follow it to go
 // further, and one that does not continue the backup (a link skipped, from
@@ -107,6 +115,7 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) err
 		Conn: conn, Exec: pgdump.ExecOptions{Bin: prog.Path, TempDir: opt.TempDir},
 		Clean: opt.Clean, SingleTransaction: opt.SingleTransaction, Jobs: opt.Jobs,
 		NoOwner: opt.NoOwner, NoPrivileges: opt.NoPrivileges, Role: opt.Role, Exclude: isCaptureEntry,
+		NoPublications: !opt.KeepPublications, NoSubscriptions: true,
 	}, path)
 	if err != nil {
 		return errorf("siphon: restore: %w", err)
