@@ -102,8 +102,9 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) err
 		return errorf("siphon: restore: %w", err)
 	}
 	if !opt.Clean {
-		if err := c.checkTargetEmpty(ctx, opt.Database); err != nil {
-			return err
+		err := c.checkTargetEmpty(ctx, opt.Database, "restore into an empty database, or set RestoreOptions.Clean to replace what the backup holds")
+		if err != nil {
+			return errorf("siphon: restore refused, nothing was restored: %w", err)
 		}
 	}
 	path, cleanup, err := spoolBody(er, h.Body, opt.TempDir)
@@ -141,9 +142,10 @@ func (c *Conn) findRestore(ctx context.Context, bin string, h canonical.Envelope
 	return pgdump.Find(ctx, "pg_restore", bin, floor)
 }
 
-// checkTargetEmpty refuses a target database that holds relations other
-// than extensions'.
-func (c *Conn) checkTargetEmpty(ctx context.Context, database string) error {
+// checkTargetEmpty refuses, with an error wrapping ErrTargetNotEmpty that
+// ends with fix, a target database ("" for the Conn's) that holds
+// relations other than extensions' and siphon's.
+func (c *Conn) checkTargetEmpty(ctx context.Context, database, fix string) error {
 	const query = `SELECT coalesce(array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY n.nspname, c.relname), '{}')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND ` + inUserSchema + ` AND ` + notOfExtension
@@ -155,21 +157,20 @@ func (c *Conn) checkTargetEmpty(ctx context.Context, database string) error {
 		config.Database = database
 		conn, err := pgx.ConnectConfig(ctx, config)
 		if err != nil {
-			return errorf("siphon: restore: connect to database %q: %w", database, err)
+			return fmt.Errorf("connect to database %q: %w", database, err)
 		}
 		defer conn.Close(context.Background())
 		q = conn
 	}
 	var names []string
 	if err := q.QueryRow(ctx, query).Scan(&names); err != nil {
-		return errorf("siphon: restore: check that the target is empty: %w", err)
+		return fmt.Errorf("check that the target is empty: %w", err)
 	}
 	if len(names) > 0 {
 		if len(names) > 5 {
 			names = append(names[:5], "...")
 		}
-		return fmt.Errorf("%w: it holds %s: restore into an empty database, or set RestoreOptions.Clean to replace what the backup holds",
-			ErrTargetNotEmpty, strings.Join(names, ", "))
+		return fmt.Errorf("%w: it holds %s: %s", ErrTargetNotEmpty, strings.Join(names, ", "), fix)
 	}
 	return nil
 }

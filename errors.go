@@ -226,13 +226,14 @@ func (e *ChainError) Error() string {
 	return "siphon: restore chain refused, nothing was restored: " + strings.Join(e.Problems, "; ")
 }
 
-// Errors of [Conn.Restore] callers can branch on with errors.Is.
+// Errors of [Conn.Restore] (and [Conn.CopySchema]) callers can branch on
+// with errors.Is.
 var (
 	// ErrNotDump means the envelope given to Restore holds a snapshot or
 	// an incremental (JSONL), not a pg_dump archive.
 	ErrNotDump = errors.New("siphon: the backup is not a dump")
-	// ErrTargetNotEmpty means the database Restore would restore into
-	// already holds tables, views or sequences.
+	// ErrTargetNotEmpty means the database Restore would restore into, or
+	// CopySchema copy into, already holds tables, views or sequences.
 	ErrTargetNotEmpty = errors.New("siphon: the target database is not empty")
 )
 

@@ -28,6 +28,13 @@ type ReplicateOptions struct {
 	// must exist and be empty), then streams from the snapshot's Position:
 	// one call migrates a database. Defaults to false.
 	Snapshot bool
+	// CopySchema, with Snapshot, first makes the target's schema the
+	// source's, as [Conn.CopySchema] with the zero [CopySchemaOptions]
+	// does, through the snapshot itself (the schema as of its Position):
+	// the target must then hold no table, and one call creates the
+	// schema, loads the rows and streams. Defaults to false: the target's
+	// tables must exist.
+	CopySchema bool
 	// Progress, when set, receives a report every ProgressInterval and one
 	// when Replicate stops, from one goroutine at a time. Defaults to none.
 	Progress func(ReplicateProgress)
@@ -88,7 +95,8 @@ type ReplicateProgress struct {
 // A source interruption returns a [*StreamInterruptedError] (call
 // Replicate again); a change the target refuses returns the error, with
 // the target at the last transaction before it. The target's tables must
-// exist with the source's columns as of where it starts (for an initial
+// exist with the source's columns as of where it starts, or be created by
+// it (opts.CopySchema, into an empty target) (for an initial
 // snapshot, run no migration until it is loaded: a table changed under it
 // makes Replicate take a new one, which needs the new schema). Replicate
 // reads c's slot: it returns [ErrAlreadyStreaming] while c streams it
@@ -138,6 +146,10 @@ func (r *replica) applied() canonical.Position {
 // startReplica finds where to start, loads the snapshot when asked, and
 // opens the apply session.
 func (c *Conn) startReplica(ctx context.Context, target *Conn, opts ReplicateOptions) (*replica, error) {
+	if opts.CopySchema && !opts.Snapshot {
+		return nil, &OptionError{Option: "ReplicateOptions.CopySchema", Problem: "without Snapshot",
+			Fix: "set Snapshot too: the schema is copied with the initial snapshot"}
+	}
 	src, err := c.identifySystem(ctx)
 	if err != nil {
 		return nil, err
@@ -151,7 +163,7 @@ func (c *Conn) startReplica(ctx context.Context, target *Conn, opts ReplicateOpt
 	switch {
 	case !applied.IsZero():
 	case opts.Snapshot:
-		if r.from, err = c.replicateSnapshot(ctx, target); err != nil {
+		if r.from, err = c.replicateSnapshot(ctx, target, opts.CopySchema); err != nil {
 			return r, fmt.Errorf("initial snapshot: %w", err)
 		}
 		r.durable.Store(uint64(r.from))
@@ -188,9 +200,10 @@ func (r *replica) close() { r.session.close() }
 // new snapshot sees the table as it is now.
 const snapshotAttempts = 3
 
-// replicateSnapshot copies c's tables into target, through a pipe, and
-// returns the snapshot's Position.
-func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn) (canonical.Position, error) {
+// replicateSnapshot copies c's tables (with copySchema, its schema first)
+// into target, through a pipe, and returns the snapshot's Position.
+func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn, copySchema bool) (canonical.Position, error) {
+	prepare := c.schemaCopier(target, copySchema)
 	for attempt := 1; ; attempt++ {
 		pr, pw := io.Pipe()
 		loaded := make(chan error, 1)
@@ -199,7 +212,7 @@ func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn) (canonical.P
 			pr.CloseWithError(errConsumerDone)
 			loaded <- err
 		}()
-		pos, err := c.EmitCanonical(ctx, nil, pw)
+		pos, err := c.emitCanonical(ctx, nil, pw, prepare)
 		pw.CloseWithError(err)
 		loadErr := <-loaded
 		var changed *SchemaIncompatibleError

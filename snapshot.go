@@ -177,6 +177,12 @@ type CopyOptions struct {
 // copying works as in [Snapshot.CopyTables]. It buffers a bounded amount of
 // rows, however large the tables.
 func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer) (canonical.Position, error) {
+	return c.emitCanonical(ctx, schema, w, nil)
+}
+
+// emitCanonical is EmitCanonical that runs prepare, when set, once the
+// snapshot is taken and before anything is written to w.
+func (c *Conn) emitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer, prepare func(context.Context, *Snapshot) error) (canonical.Position, error) {
 	var err error
 	if schema == nil {
 		if schema, err = c.publishedSchema(ctx); err != nil {
@@ -194,7 +200,13 @@ func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io
 	if err != nil {
 		return 0, err
 	}
-	pos, err := c.emitSnapshot(ctx, snap, schema, header, w)
+	var pos canonical.Position
+	if prepare != nil {
+		err = prepare(ctx, snap)
+	}
+	if err == nil {
+		pos, err = c.emitSnapshot(ctx, snap, schema, header, w)
+	}
 	if closeErr := snap.Close(context.WithoutCancel(ctx)); err == nil && closeErr != nil {
 		err = closeErr
 	}
