@@ -30,7 +30,12 @@
 //     [Conn.RestoreChain]: pg_dump aligned to an exported snapshot, in a
 //     versioned, checksummed envelope.
 //   - [Conn.ApplyChange], [Conn.ConsumeCanonical], [Conn.AppliedPosition]:
-//     apply snapshots and change sets to a target exactly once.
+//     apply snapshots and change sets to a target exactly once;
+//     [Conn.AppliedSources], [Conn.ResetAppliedPosition] and
+//     [Conn.SweepOrphanOriginsWith]: what a target holds of each source,
+//     and forgetting what no stream continues.
+//   - [Conn.CopySchema]: a target's schema made the source's (user objects
+//     only), alone or as the start of [Conn.Replicate].
 //   - [Conn.Slots], [Conn.CreateBaseSlot], [Conn.DropSlot],
 //     [Conn.SweepOrphanSlots], [Conn.Detach]: slot health and lifecycle.
 //   - [Conn.Preflight]: what siphon can and cannot do on a server, and the
