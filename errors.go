@@ -237,6 +237,35 @@ var (
 	ErrTargetNotEmpty = errors.New("siphon: the target database is not empty")
 )
 
+// OwnershipError is returned by [Conn.CopySchema] (and [Conn.Replicate]
+// with [ReplicateOptions].CopySchema) when objects of the source that run
+// with their owner's rights (tables, with their rules and index
+// expressions; views; SECURITY DEFINER functions) belong to roles that are
+// not superusers there, and the copy would give them to the target Conn's
+// role ([CopySchemaOptions].KeepOwners not set): they would then run with
+// its rights on the target, more than their owners had on the source.
+// Nothing was created.
+type OwnershipError struct {
+	// Target is the target Conn's role, which would own them.
+	Target string
+	// Owners lists, by source role, objects it owns (the first few).
+	Owners map[string][]string
+}
+
+func (e *OwnershipError) Error() string {
+	roles := make([]string, 0, len(e.Owners))
+	for role := range e.Owners {
+		roles = append(roles, role)
+	}
+	slices.Sort(roles)
+	for i, role := range roles {
+		roles[i] = fmt.Sprintf("%q (%s)", role, strings.Join(e.Owners[role], ", "))
+	}
+	return fmt.Sprintf("siphon: copy schema refused, nothing was created: objects of the source belong to roles that are not superusers there: %s; "+
+		"owned by role %q on the target, they would run with its rights there, more than their owners have: "+
+		"keep their owners with CopySchemaOptions.KeepOwners (create those roles on the target first)", strings.Join(roles, "; "), e.Target)
+}
+
 // PreflightError is what Connect and the first operation that needs it
 // return when a check fails that nothing can work without: the database's
 // encoding, wal_level for a source, a table WithTables names. Check says

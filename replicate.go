@@ -28,13 +28,12 @@ type ReplicateOptions struct {
 	// must exist and be empty), then streams from the snapshot's Position:
 	// one call migrates a database. Defaults to false.
 	Snapshot bool
-	// CopySchema, with Snapshot, first makes the target's schema the
-	// source's, as [Conn.CopySchema] with the zero [CopySchemaOptions]
-	// does, through the snapshot itself (the schema as of its Position):
-	// the target must then hold no table, and one call creates the
-	// schema, loads the rows and streams. Defaults to false: the target's
-	// tables must exist.
-	CopySchema bool
+	// CopySchema, when set, with Snapshot, first makes the target's
+	// schema the source's, as [Conn.CopySchema] with these options does,
+	// through the snapshot itself (the schema as of its Position): one
+	// call creates the schema, loads the rows and streams. Defaults to
+	// nil: the target's tables must exist.
+	CopySchema *CopySchemaOptions
 	// Progress, when set, receives a report every ProgressInterval and one
 	// when Replicate stops, from one goroutine at a time. Defaults to none.
 	Progress func(ReplicateProgress)
@@ -146,7 +145,7 @@ func (r *replica) applied() canonical.Position {
 // startReplica finds where to start, loads the snapshot when asked, and
 // opens the apply session.
 func (c *Conn) startReplica(ctx context.Context, target *Conn, opts ReplicateOptions) (*replica, error) {
-	if opts.CopySchema && !opts.Snapshot {
+	if opts.CopySchema != nil && !opts.Snapshot {
 		return nil, &OptionError{Option: "ReplicateOptions.CopySchema", Problem: "without Snapshot",
 			Fix: "set Snapshot too: the schema is copied with the initial snapshot"}
 	}
@@ -202,7 +201,7 @@ const snapshotAttempts = 3
 
 // replicateSnapshot copies c's tables (with copySchema, its schema first)
 // into target, through a pipe, and returns the snapshot's Position.
-func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn, copySchema bool) (canonical.Position, error) {
+func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn, copySchema *CopySchemaOptions) (canonical.Position, error) {
 	prepare := c.schemaCopier(target, copySchema)
 	for attempt := 1; ; attempt++ {
 		pr, pw := io.Pipe()

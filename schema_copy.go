@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/siphondb/siphon/pgdump"
 )
 
@@ -30,9 +32,16 @@ type CopySchemaOptions struct {
 	// KeepOwners makes each object belong to the role that owns it on
 	// the source, which must exist on the target (roles belong to a
 	// cluster: CopySchema creates none) and be one the target Conn's role
-	// may give objects to. Defaults to false: every object belongs to the
-	// target Conn's role (pg_restore --no-owner), the role that applies
-	// into it.
+	// may give objects to. Keep them when the source's objects belong to
+	// roles that are not superusers (an application's role): its schema
+	// changes, replayed on the target as that role, need to own what they
+	// change. Defaults to false: every object belongs to the target Conn's
+	// role (pg_restore --no-owner), the role that applies into it; objects
+	// that run with their owner's rights (tables, views, SECURITY DEFINER
+	// functions) must then belong, on the source, to a superuser or to a
+	// role of the target Conn's role's name, or the copy is refused with
+	// an [*OwnershipError] (they would run with more rights than their
+	// owners have).
 	KeepOwners bool
 	// NoPrivileges leaves out the source's grants, for a target cluster
 	// that lacks the roles they name. Defaults to false: grants are
@@ -60,7 +69,10 @@ type CopySchemaOptions struct {
 // the schema capture's event triggers) and roles, which belong to the
 // cluster: those the objects name must exist on the target (see
 // KeepOwners and NoPrivileges in opt). Extensions are created as the
-// source has them, which the target's server must offer.
+// source has them, which the target's server must offer. Objects that run
+// with their owner's rights are not given to the target Conn's role when a
+// role that is not a superuser owns them on the source: that is an
+// [*OwnershipError] before anything is created, unless opt.KeepOwners.
 //
 // It runs pg_dump --schema-only on c and pg_restore on target, in one
 // target transaction (all or nothing), as the target Conn's role; the
@@ -85,6 +97,11 @@ func (c *Conn) copySchema(ctx context.Context, target *Conn, opt CopySchemaOptio
 		err := target.checkTargetEmpty(ctx, "", "copy the schema into an empty database, or set CopySchemaOptions.NonEmptyTarget "+
 			"if what it holds is its own (none of the source's objects)")
 		if err != nil {
+			return err
+		}
+	}
+	if !opt.KeepOwners {
+		if err := c.checkOwners(ctx, target.config.User); err != nil {
 			return err
 		}
 	}
@@ -123,6 +140,51 @@ func (c *Conn) copySchema(ctx context.Context, target *Conn, opt CopySchemaOptio
 	}
 	c.log.Info("schema copied", "target", dest.Database)
 	return nil
+}
+
+// ownersQuery lists the objects of the source's schema that run with
+// their owner's rights and belong to a role that is not a superuser, nor
+// named $1: role, what the object is.
+const ownersQuery = `
+SELECT r.rolname::text, o.what FROM (
+  SELECT c.relowner AS owner, CASE c.relkind WHEN 'v' THEN 'view ' WHEN 'm' THEN 'materialized view ' WHEN 'f' THEN 'foreign table '
+         ELSE 'table ' END || format('%I.%I', n.nspname, c.relname) AS what
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND c.relpersistence <> 't' AND ` + inUserSchema + ` AND ` + notOfExtension + `
+  UNION ALL
+  SELECT p.proowner, format('SECURITY DEFINER function %I.%I(%s)', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid))
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+  WHERE p.prosecdef AND ` + inUserSchema + `
+    AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')
+) o JOIN pg_roles r ON r.oid = o.owner
+WHERE NOT r.rolsuper AND r.rolname <> $1
+ORDER BY 1, 2`
+
+// checkOwners refuses, with an *OwnershipError, a copy that would give
+// target (the target's role) objects that run with their owner's rights
+// and belong on the source to a role with less than it may have.
+func (c *Conn) checkOwners(ctx context.Context, target string) error {
+	rows, err := c.pool.Query(ctx, ownersQuery, target)
+	if err != nil {
+		return fmt.Errorf("read the owners of the source's objects: %w", err)
+	}
+	owned, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Role, What string }])
+	if err != nil {
+		return fmt.Errorf("read the owners of the source's objects: %w", err)
+	}
+	if len(owned) == 0 {
+		return nil
+	}
+	e := &OwnershipError{Target: target, Owners: map[string][]string{}}
+	for _, o := range owned {
+		switch n := len(e.Owners[o.Role]); {
+		case n < maxGapsShown:
+			e.Owners[o.Role] = append(e.Owners[o.Role], o.What)
+		case n == maxGapsShown:
+			e.Owners[o.Role] = append(e.Owners[o.Role], "...")
+		}
+	}
+	return e
 }
 
 // schemaPrograms finds pg_dump for c's server and pg_restore for
@@ -164,6 +226,7 @@ func dumpToFile(ctx context.Context, opts pgdump.DumpOptions, path string) error
 // take another).
 type initialSchema struct {
 	c, target *Conn
+	opt       CopySchemaOptions
 	// copied is the schema copied into the target, as pg_dump prints it
 	// (without its \restrict lines); empty until it is.
 	copied []byte
@@ -175,12 +238,12 @@ type initialSchema struct {
 // and the stream after them continue that very schema), and each later
 // one checks that the source's schema is still the one copied (the
 // target's was made once: a change in between would be missed). Without
-// copy, nil.
-func (c *Conn) schemaCopier(target *Conn, copy bool) func(context.Context, *Snapshot) error {
-	if !copy {
+// opt (nil), nil.
+func (c *Conn) schemaCopier(target *Conn, opt *CopySchemaOptions) func(context.Context, *Snapshot) error {
+	if opt == nil {
 		return nil
 	}
-	return (&initialSchema{c: c, target: target}).prepare
+	return (&initialSchema{c: c, target: target, opt: *opt}).prepare
 }
 
 func (s *initialSchema) prepare(ctx context.Context, snap *Snapshot) error {
@@ -189,7 +252,7 @@ func (s *initialSchema) prepare(ctx context.Context, snap *Snapshot) error {
 		return err
 	}
 	if s.copied == nil {
-		if err := s.c.copySchema(ctx, s.target, CopySchemaOptions{}, snap.Name()); err != nil {
+		if err := s.c.copySchema(ctx, s.target, s.opt, snap.Name()); err != nil {
 			return fmt.Errorf("copy the schema: %w", err)
 		}
 		s.copied = text

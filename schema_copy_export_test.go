@@ -7,5 +7,5 @@ import "context"
 // InitialSchemaForTest returns what Replicate's initial snapshot runs, with
 // CopySchema, once each of its snapshots is taken.
 func (c *Conn) InitialSchemaForTest(target *Conn) func(context.Context, *Snapshot) error {
-	return c.schemaCopier(target, true)
+	return c.schemaCopier(target, &CopySchemaOptions{})
 }

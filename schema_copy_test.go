@@ -90,7 +90,9 @@ var captureOwners = regexp.MustCompile(`ALTER EVENT TRIGGER siphon_capture_\w+ O
 // both, owners and grants included, is the same, and the target holds
 // nothing of siphon's. A target that holds tables is refused, unchanged,
 // unless told so (NonEmptyTarget): then the copy is all or nothing, and
-// takes its place beside the target's own tables.
+// takes its place beside the target's own tables. Objects of a role that
+// is not a superuser are not given to the target's role: refused, unless
+// their owners are kept (KeepOwners).
 func TestCopySchemaMakesTheTargetsSchemaTheSources(t *testing.T) {
 	t.Parallel()
 	skipUnlessDumpClients(t)
@@ -127,7 +129,23 @@ func TestCopySchemaMakesTheTargetsSchemaTheSources(t *testing.T) {
 	assert.Equal(t, 1, count(t, own, "SELECT count(*) FROM mine.notes"))
 	assert.Subset(t, userTables(t, own), userTables(t, src))
 
-	_, err = c.Replicate(ctx, target, siphon.ReplicateOptions{CopySchema: true})
+	// Objects a role that is not a superuser owns on the source would run
+	// with the target role's rights if it owned them: refused, unless
+	// their owners are kept.
+	execSQL(t, src, "ALTER VIEW customer_orders OWNER TO "+reader, "ALTER TABLE scribbles OWNER TO "+reader)
+	keptDSN, kept := newDatabase(t)
+	forgetRole(t, kept, reader)
+	keptTarget := connect(t, keptDSN)
+	err = c.CopySchema(ctx, keptTarget, siphon.CopySchemaOptions{})
+	var owners *siphon.OwnershipError
+	require.ErrorAs(t, err, &owners)
+	assert.Equal(t, map[string][]string{reader: {"table public.scribbles", "view public.customer_orders"}}, owners.Owners)
+	assert.Contains(t, err.Error(), "keep their owners with CopySchemaOptions.KeepOwners")
+	untouched(t, kept)
+	require.NoError(t, c.CopySchema(ctx, keptTarget, siphon.CopySchemaOptions{KeepOwners: true}))
+	assert.Equal(t, fullSchemaDump(t, srcDSN), fullSchemaDump(t, keptDSN), "owners kept")
+
+	_, err = c.Replicate(ctx, target, siphon.ReplicateOptions{CopySchema: &siphon.CopySchemaOptions{}})
 	var optErr *siphon.OptionError
 	require.ErrorAs(t, err, &optErr, "CopySchema needs Snapshot")
 	assert.Equal(t, "ReplicateOptions.CopySchema", optErr.Option)
@@ -151,7 +169,7 @@ func TestReplicateCopiesTheSchemaIntoAnEmptyTarget(t *testing.T) {
 	forgetRole(t, dst, reader)
 	target := connect(t, dstDSN)
 	forgetAppliedPosition(t, dstDSN, systemID, slot)
-	run := startReplicate(t, c, target, siphon.ReplicateOptions{Snapshot: true, CopySchema: true})
+	run := startReplicate(t, c, target, siphon.ReplicateOptions{Snapshot: true, CopySchema: &siphon.CopySchemaOptions{}})
 	realShopRound(t, src, 2)
 	waitApplied(t, target, systemID, slot, 1, run)
 	for _, deploy := range shopDeploys {
