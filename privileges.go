@@ -101,6 +101,9 @@ func readRelationAccess(ctx context.Context, q querier) (role string, rels []rel
 	if err != nil {
 		return "", nil, fmt.Errorf("read the role's privileges: %w", err)
 	}
+	if len(all) == 0 {
+		return "", nil, errors.New("read the role's privileges: the current role is not in pg_roles")
+	}
 	role = all[0].Schema // the role's own row comes first
 	for _, r := range all[1:] {
 		a := relationAccess{name: canonical.TableName{Schema: r.Schema, Name: *r.Name}, sequence: r.Sequence,

@@ -77,9 +77,9 @@ type CopySchemaOptions struct {
 // It runs pg_dump --schema-only on c and pg_restore on target, in one
 // target transaction (all or nothing), as the target Conn's role; the
 // passwords travel as for [Conn.Backup], never in argv. A target that
-// already holds tables is refused unless opt.NonEmptyTarget. [ReplicateOptions]
-// CopySchema does this in the initial snapshot of [Conn.Replicate], at
-// the snapshot's Position.
+// already holds tables is refused unless opt.NonEmptyTarget.
+// [ReplicateOptions].CopySchema does this in the initial snapshot of
+// [Conn.Replicate], at the snapshot's Position.
 func (c *Conn) CopySchema(ctx context.Context, target *Conn, opt CopySchemaOptions) error {
 	if target == nil {
 		return errorf("siphon: copy schema: the target Conn: %w", ErrNilArgument)
