@@ -86,6 +86,11 @@ func (c *Conn) ApplyChange(ctx context.Context, ch canonical.Change) error {
 		err = fmt.Errorf("unknown op %v", ch.Op)
 	}
 	if err != nil {
+		tables := ch.Truncated
+		if ch.Op != canonical.OpTruncate {
+			tables = []canonical.TableName{ch.TableName()}
+		}
+		err = explainTablePrivileges(ctx, c.pool, err, tables, applyTablePrivileges, "apply: it writes every change of a table")
 		err = errorf("siphon: apply %s on %s: %w", ch.Op, describeTarget(&ch), err)
 		c.countError(ctx, err)
 		return err

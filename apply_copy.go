@@ -23,7 +23,10 @@ func (s *applySession) loadSnapshot(ctx context.Context, src *recordSource, h ca
 		return src.drain()
 	}
 	if err := s.loadSnapshotRows(ctx, src, h); err != nil {
-		return withCleanup(err, s.rollback(ctx))
+		if rerr := s.rollback(ctx); rerr != nil {
+			return withCleanup(err, rerr)
+		}
+		return s.explainPrivilege(ctx, err)
 	}
 	return nil
 }

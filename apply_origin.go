@@ -17,8 +17,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"sort"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +30,7 @@ import (
 
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/pgerr"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // applyLockClass is the first key of the advisory lock that makes one
@@ -35,20 +38,30 @@ import (
 // do it ("siph"); the second key is a hash of the source key.
 const applyLockClass = 0x73697068
 
+// hashedName is what sourceKey makes of a name it cannot use as is: h and
+// 16 hex digits. sourceKey keeps it as it is, so that a source listed by
+// AppliedSources names the same key when given back.
+var hashedName = regexp.MustCompile(`^h[0-9a-f]{16}$`)
+
 // sourceKey identifies a source in origin names and bookkeeping rows.
 func sourceKey(systemID, slot string) string {
-	if systemID == "" {
-		systemID = "0"
-	}
-	if strings.Trim(systemID, "0123456789") != "" {
-		sum := sha256.Sum256([]byte(systemID))
-		systemID = "h" + hex.EncodeToString(sum[:8])
-	}
 	if !slotNamePattern.MatchString(slot) {
 		sum := sha256.Sum256([]byte(slot))
 		slot = "h" + hex.EncodeToString(sum[:8])
 	}
-	return systemID + "_" + slot
+	return systemKey(systemID) + "_" + slot
+}
+
+// systemKey is the part of a source key that names the system identifier.
+func systemKey(systemID string) string {
+	switch {
+	case systemID == "":
+		return "0"
+	case strings.Trim(systemID, "0123456789") != "" && !hashedName.MatchString(systemID):
+		sum := sha256.Sum256([]byte(systemID))
+		return "h" + hex.EncodeToString(sum[:8])
+	}
+	return systemID
 }
 
 func originPrefix(dbOID uint32) string { return fmt.Sprintf("siphon_%d_", dbOID) }
@@ -252,27 +265,26 @@ func parseLSN(s *string) (canonical.Position, error) {
 // source applied into this database, found in the database itself (so it
 // works after a restart, before anything is consumed). When several sources
 // were applied, it returns an error wrapping [ErrAmbiguousSource] that lists
-// them: use [Conn.AppliedPositionFor].
+// them: use [Conn.AppliedPositionFor] ([Conn.AppliedSources] lists them).
 func (c *Conn) AppliedPosition(ctx context.Context) (canonical.Position, error) {
-	applied, err := c.appliedSources(ctx)
+	list, err := c.listApplied(ctx)
 	if err != nil {
 		return 0, errorf("siphon: applied position: %w", err)
 	}
-	switch len(applied) {
+	switch len(list) {
 	case 0:
 		return 0, nil
 	case 1:
-		for _, pos := range applied {
-			return pos, nil
-		}
+		return list[0].Position, nil
 	}
-	keys := make([]string, 0, len(applied))
-	for k := range applied {
-		keys = append(keys, k)
+	held := make([]string, len(list))
+	for i, src := range list {
+		held[i] = fmt.Sprintf("system id %s slot %q up to %v", src.SystemID, src.Slot, src.Position)
 	}
-	sort.Strings(keys)
-	return 0, errorf("siphon: applied position: %w: sources (system id_slot) %s: call AppliedPositionFor with one of them",
-		ErrAmbiguousSource, strings.Join(keys, ", "))
+	return 0, errorf("siphon: applied position: %w: %s: ask for one with AppliedPositionFor(ctx, systemID, slot) "+
+		"(AppliedSources lists them; a source Conn's SystemID gives its own), and forget those no longer applied "+
+		"with ResetAppliedPosition, or SweepOrphanOriginsWith for those whose slot is gone",
+		ErrAmbiguousSource, strings.Join(held, "; "))
 }
 
 // AppliedPositionFor returns the Position up to which changes of the source
@@ -291,22 +303,60 @@ func (c *Conn) AppliedPositionFor(ctx context.Context, systemID, slot string) (c
 	return pos, nil
 }
 
-// appliedSources returns the applied Position of every source applied into
-// the target database, by source key.
-func (c *Conn) appliedSources(ctx context.Context) (map[string]canonical.Position, error) {
+// AppliedSource is a source whose changes were applied into a target
+// database, as [Conn.AppliedSources] lists it.
+type AppliedSource struct {
+	// SystemID and Slot identify the source as [Conn.AppliedPositionFor],
+	// [Conn.ResetAppliedPosition] and [Conn.MarkAppliedPosition] take
+	// them: its cluster's system identifier and its slot. A name siphon
+	// cannot use as it is (a slot name that is not 1 to 63 of a-z, 0-9
+	// and _, such as the empty one of a backup no slot continues) is kept
+	// as h and 16 hex digits that stand for it, which those calls take
+	// too.
+	SystemID, Slot string
+	// Position is what was applied of the source: where its next change
+	// stream starts.
+	Position canonical.Position
+	// Updated is when the last source transaction applied committed on
+	// the source (or when a snapshot or a backup was loaded); zero where
+	// the target keeps the Position in a replication origin, which
+	// records no time.
+	Updated time.Time
+}
+
+// key is the source key of s.
+func (s AppliedSource) key() string { return sourceKey(s.SystemID, s.Slot) }
+
+// AppliedSources lists the sources applied into the database c is
+// connected to, by system identifier and slot: what [Conn.AppliedPosition]
+// chooses from. Forget one that is no longer applied with
+// [Conn.ResetAppliedPosition], given its SystemID and Slot, or every one
+// whose slot is gone with [Conn.SweepOrphanOriginsWith].
+func (c *Conn) AppliedSources(ctx context.Context) ([]AppliedSource, error) {
+	list, err := c.listApplied(ctx)
+	if err != nil {
+		return nil, errorf("siphon: applied sources: %w", err)
+	}
+	return list, nil
+}
+
+// listApplied returns every source applied into the target database,
+// ordered by system identifier and slot.
+func (c *Conn) listApplied(ctx context.Context) ([]AppliedSource, error) {
 	env, err := readApplyEnv(ctx, c.pool)
 	if err != nil {
 		return nil, err
 	}
-	found := map[string]canonical.Position{}
+	found := map[string]*AppliedSource{}
 	collect := func(sql, prefix string) error {
 		rows, err := c.pool.Query(ctx, sql, prefix)
 		if err != nil {
 			return err
 		}
 		names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
-			Name string
-			LSN  *string
+			Name    string
+			LSN     *string
+			Updated *time.Time
 		}])
 		if err != nil {
 			return err
@@ -317,22 +367,50 @@ func (c *Conn) appliedSources(ctx context.Context) (map[string]canonical.Positio
 				return err
 			}
 			key := strings.TrimPrefix(n.Name, prefix)
-			found[key] = max(found[key], pos)
+			src := found[key]
+			if src == nil {
+				systemID, slot, _ := strings.Cut(key, "_")
+				src = &AppliedSource{SystemID: systemID, Slot: slot}
+				found[key] = src
+			}
+			src.Position = max(src.Position, pos)
+			if n.Updated != nil && n.Updated.After(src.Updated) {
+				src.Updated = n.Updated.UTC()
+			}
 		}
 		return nil
 	}
 	if env.origins {
-		err := collect(`SELECT roname, pg_replication_origin_progress(roname, false)::text
+		err := collect(`SELECT roname, pg_replication_origin_progress(roname, false)::text, NULL::timestamptz
 			FROM pg_replication_origin WHERE starts_with(roname, $1)`, originPrefix(env.dbOID))
 		if err != nil {
 			return nil, fmt.Errorf("read replication origins: %w", err)
 		}
 	}
 	if env.bookkeeping {
-		err := collect(`SELECT origin, position::text FROM siphon.applied_position WHERE starts_with(origin, $1)`, bookkeepingPrefix)
+		err := collect(`SELECT origin, position::text, updated_at FROM siphon.applied_position WHERE starts_with(origin, $1)`, bookkeepingPrefix)
 		if err != nil {
 			return nil, fmt.Errorf("read siphon.applied_position: %w", err)
 		}
+	}
+	list := make([]AppliedSource, 0, len(found))
+	for _, src := range found {
+		list = append(list, *src)
+	}
+	slices.SortFunc(list, func(a, b AppliedSource) int { return strings.Compare(a.key(), b.key()) })
+	return list, nil
+}
+
+// appliedSources returns the applied Position of every source applied into
+// the target database, by source key.
+func (c *Conn) appliedSources(ctx context.Context) (map[string]canonical.Position, error) {
+	list, err := c.listApplied(ctx)
+	if err != nil {
+		return nil, err
+	}
+	found := make(map[string]canonical.Position, len(list))
+	for _, src := range list {
+		found[src.key()] = src.Position
 	}
 	return found, nil
 }
@@ -341,10 +419,12 @@ func (c *Conn) appliedSources(ctx context.Context) (map[string]canonical.Positio
 // given system identifier and slot into the database c is connected to: it
 // drops the replication origin and deletes the bookkeeping row. The next
 // [Conn.ConsumeCanonical] of that source then applies everything it is
-// given. Replication origins are cluster-wide and outlive the database they
-// were made for: reset a source before dropping its target database, or
-// call [Conn.SweepOrphanOrigins] after. A
-// source being applied right now gives [ErrApplyInProgress].
+// given. Give the SystemID and Slot of an entry of [Conn.AppliedSources],
+// or, holding a Conn on the source, its [Conn.SystemID] and its slot
+// ([WithSlot]). Replication origins are cluster-wide and outlive the
+// database they were made for: reset a source before dropping its target
+// database, or call [Conn.SweepOrphanOrigins] after. A source being
+// applied right now gives [ErrApplyInProgress].
 func (c *Conn) ResetAppliedPosition(ctx context.Context, systemID, slot string) error {
 	env, err := readApplyEnv(ctx, c.pool)
 	if err != nil {
@@ -430,6 +510,104 @@ func dropOrigin(ctx context.Context, q querier, name string) error {
 	return nil
 }
 
+// SystemID returns the system identifier of the cluster c is connected
+// to, as stream headers, backups and [AppliedSource] name a source: with
+// c's slot, what [Conn.ResetAppliedPosition] and
+// [Conn.AppliedPositionFor] take on a target. It opens a replication
+// session (IDENTIFY_SYSTEM), so the role needs REPLICATION, as a source's
+// has.
+func (c *Conn) SystemID(ctx context.Context) (string, error) {
+	info, err := c.identifySystem(ctx)
+	if err != nil {
+		return "", errorf("siphon: system id: %w", err)
+	}
+	return info.systemID, nil
+}
+
+// SweepOptions says what [Conn.SweepOrphanOriginsWith] sweeps besides the
+// origins of dropped databases. The zero value sweeps nothing more.
+type SweepOptions struct {
+	// Source, when set, is a Conn on a source cluster: what the database
+	// the sweeping Conn is connected to holds of that cluster's slots
+	// that no longer exist there (dropped by Detach, DropSlot or by
+	// hand) is forgotten too, replication origins and bookkeeping rows,
+	// as [Conn.ResetAppliedPosition] forgets it: no stream can continue
+	// it. What a backup that no slot continues recorded (its Slot is the
+	// empty name's) is kept. Defaults to nil.
+	Source *Conn
+}
+
+// SweepOrphanOriginsWith is [Conn.SweepOrphanOrigins] with what opt adds:
+// with opt.Source, the applied positions the Conn's database holds of
+// slots of that source that no longer exist. It returns how many origins
+// and bookkeeping rows it dropped in all; a source being applied right now
+// is skipped.
+func (c *Conn) SweepOrphanOriginsWith(ctx context.Context, opt SweepOptions) (int, error) {
+	n, err := c.SweepOrphanOrigins(ctx)
+	if err != nil || opt.Source == nil {
+		return n, err
+	}
+	forgotten, err := c.sweepDroppedSlots(ctx, opt.Source)
+	if len(forgotten) > 0 {
+		c.log.Info("applied positions of dropped slots forgotten", "sources", forgotten)
+	}
+	if err != nil {
+		return n + len(forgotten), errorf("siphon: sweep orphan origins: %w", err)
+	}
+	return n + len(forgotten), nil
+}
+
+// sweepDroppedSlots forgets what the target holds of slots of source's
+// cluster that no longer exist there, and returns the keys it forgot.
+func (c *Conn) sweepDroppedSlots(ctx context.Context, source *Conn) ([]string, error) {
+	systemID, err := source.SystemID(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("the source: %w", err)
+	}
+	rows, err := source.pool.Query(ctx, "SELECT slot_name::text FROM pg_replication_slots")
+	if err != nil {
+		return nil, fmt.Errorf("the source's slots: %w", err)
+	}
+	slots, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("the source's slots: %w", err)
+	}
+	keep := map[string]bool{sourceKey(systemID, ""): true} // a slotless backup's: no slot was ever dropped
+	for _, slot := range slots {
+		keep[sourceKey(systemID, slot)] = true
+	}
+	list, err := c.listApplied(ctx)
+	if err != nil {
+		return nil, err
+	}
+	env, err := readApplyEnv(ctx, c.pool)
+	if err != nil {
+		return nil, err
+	}
+	var forgotten []string
+	for _, src := range list {
+		key := src.key()
+		if systemKey(src.SystemID) != systemKey(systemID) || keep[key] {
+			continue
+		}
+		switch err := dropProgress(ctx, c.pool, env, key); {
+		case errors.Is(err, ErrApplyInProgress): // applied right now: not ours to drop
+		case err != nil:
+			return forgotten, originDropPrivilege(c.config.User, err)
+		default:
+			forgotten = append(forgotten, key)
+		}
+	}
+	return forgotten, nil
+}
+
+// originDropPrivilege is err, or the *PrivilegeError of role, which may
+// not drop replication origins.
+func originDropPrivilege(role string, err error) error {
+	return privilegeError(err, role, "EXECUTE on function pg_replication_origin_drop", "dropping replication origins",
+		fmt.Sprintf("have a superuser run GRANT EXECUTE ON FUNCTION pg_catalog.pg_replication_origin_drop(text) TO %s", sqltext.Ident(role)))
+}
+
 // SweepOrphanOrigins drops the replication origins siphon created for
 // target databases of c's server that no longer exist, and returns how many
 // it dropped. Origins belong to the server, not to a database: dropping a
@@ -438,7 +616,9 @@ func dropOrigin(ctx context.Context, q querier, name string) error {
 // 18 on, max_replication_slots before) until it is dropped. Origins of
 // existing databases, and origins not named by siphon, are never touched.
 // It needs a role that may drop replication origins (a superuser, or one
-// granted EXECUTE on pg_replication_origin_drop).
+// granted EXECUTE on pg_replication_origin_drop). To forget also what a
+// target holds of source slots that were dropped, see
+// [Conn.SweepOrphanOriginsWith].
 func (c *Conn) SweepOrphanOrigins(ctx context.Context) (int, error) {
 	rows, err := c.pool.Query(ctx, `SELECT roname FROM pg_replication_origin
 		WHERE roname ~ '^siphon_[0-9]{1,10}_'
@@ -464,7 +644,7 @@ func (c *Conn) SweepOrphanOrigins(ctx context.Context) (int, error) {
 			dropped = append(dropped, name)
 		case pgerr.Is(err, pgerrcode.ObjectInUse, pgerrcode.UndefinedObject): // taken or dropped meanwhile
 		default:
-			return len(dropped), errorf("siphon: sweep orphan origins: drop %q: %w", name, err)
+			return len(dropped), errorf("siphon: sweep orphan origins: drop %q: %w", name, originDropPrivilege(c.config.User, err))
 		}
 	}
 	return len(dropped), nil

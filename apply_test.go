@@ -794,7 +794,7 @@ func TestAppliedPositionSources(t *testing.T) {
 
 	_, err := c.AppliedPosition(ctx)
 	require.ErrorIs(t, err, siphon.ErrAmbiguousSource)
-	assert.Contains(t, err.Error(), "1001_same_slot")
+	assert.Contains(t, err.Error(), `system id 1001 slot "same_slot" up to `+endA.String())
 	for sys, want := range map[string]canonical.Position{"1001": endA, "1002": endB, "1003": 0} {
 		pos, err := c.AppliedPositionFor(ctx, sys, "same_slot")
 		require.NoError(t, err)

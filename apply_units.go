@@ -242,6 +242,9 @@ func (cc *changeConsumer) fail(ctx context.Context, cause error) error {
 		again = slices.Clone(cc.src.tape[:cc.unit.complete])
 	}
 	err := cc.s.rollback(ctx)
+	if err == nil {
+		cause = cc.s.explainPrivilege(ctx, cause)
+	}
 	cc.resetUnit()
 	cc.run, cc.tx.open, cc.tx.skipping = insertRun{}, false, false
 	if err != nil || cc.s.pg.IsClosed() || len(again) == 0 {

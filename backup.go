@@ -236,6 +236,9 @@ func (c *Conn) writeBackup(ctx context.Context, run *backupRun, w io.Writer) err
 	} else {
 		err = pgdump.Dump(ctx, run.dump, ew)
 	}
+	if exitErr := (*pgdump.ExitError)(nil); errors.As(err, &exitErr) {
+		err = c.explainDumpFailure(ctx, run.opt, false, err) // a privilege pg_dump lacked, with its GRANT
+	}
 	if err != nil {
 		return errorf("siphon: backup: %w", err)
 	}

@@ -88,8 +88,11 @@ func (o RestoreChainOptions) within(pos canonical.Position, at time.Time) bool {
 // Position with the target to tell. A TargetPosition before the base's
 // Position, or a TargetTime before the base was taken (its envelope's
 // Created), is refused with [ErrTargetBeforeBase], before anything is
-// restored. The sequences of the link that is cut are those read at its
-// end: at or past the source's at the target, never behind it.
+// restored. Sequences are not transactional, so the restore cannot put
+// them where they were at the target: it sets them as they were at the
+// end of the link that is cut, ahead of where the source had them at the
+// target, never behind (target >= source), so the restored database never
+// hands out a value the source had used.
 //
 // On an error after the base was restored, the database holds the base
 // and the transactions applied before the error ([Conn.AppliedPosition]

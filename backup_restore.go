@@ -42,6 +42,13 @@ type RestoreOptions struct {
 	// Role makes pg_restore SET ROLE to it after connecting: with NoOwner
 	// the restored objects belong to it.
 	Role string
+	// KeepPublications restores the backup's publications too. Defaults
+	// to false: a restored database is not a source, and the source's
+	// publications (siphon's among them) would make it publish as one.
+	// Subscriptions are never restored (they would connect to the
+	// source's publishers), nor siphon's own objects (its schema and the
+	// schema capture's event triggers).
+	KeepPublications bool
 	// PgRestore is the pg_restore to run: its path, or the directory that
 	// holds it. Defaults to the newest found on PATH or under
 	// /usr/lib/postgresql/*/bin, of a release not older than the target
@@ -68,7 +75,8 @@ type RestoreOptions struct {
 // error is a [*pgdump.ExitError] with pg_restore's messages.
 //
 // Restoring makes the target equal to the source at the backup's Position
-// (header Start), and records that Position in the target as
+// (header Start), without the source's publications and subscriptions (see
+// [RestoreOptions].KeepPublications) and siphon's own objects, and records that Position in the target as
 // [Conn.ConsumeCanonical] records what it applied (see
 // [Conn.MarkAppliedPosition]): apply the incrementals that follow it to go
 // further, and one that does not continue the backup (a link skipped, from
@@ -95,8 +103,9 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) (er
 		return errorf("siphon: restore: %w", err)
 	}
 	if !opt.Clean {
-		if err := c.checkTargetEmpty(ctx, opt.Database); err != nil {
-			return err
+		err := c.checkTargetEmpty(ctx, opt.Database, "restore into an empty database, or set RestoreOptions.Clean to replace what the backup holds")
+		if err != nil {
+			return errorf("siphon: restore refused, nothing was restored: %w", err)
 		}
 	}
 	path, cleanup, err := spoolBody(er, h.Body, opt.TempDir)
@@ -108,6 +117,7 @@ func (c *Conn) Restore(ctx context.Context, opt RestoreOptions, r io.Reader) (er
 		Conn: conn, Exec: pgdump.ExecOptions{Bin: prog.Path, TempDir: opt.TempDir},
 		Clean: opt.Clean, SingleTransaction: opt.SingleTransaction, Jobs: opt.Jobs,
 		NoOwner: opt.NoOwner, NoPrivileges: opt.NoPrivileges, Role: opt.Role, Exclude: isCaptureEntry,
+		NoPublications: !opt.KeepPublications, NoSubscriptions: true,
 	}, path)
 	if err != nil {
 		return errorf("siphon: restore: %w", err)
@@ -133,9 +143,10 @@ func (c *Conn) findRestore(ctx context.Context, bin string, h canonical.Envelope
 	return pgdump.Find(ctx, "pg_restore", bin, floor)
 }
 
-// checkTargetEmpty refuses a target database that holds relations other
-// than extensions'.
-func (c *Conn) checkTargetEmpty(ctx context.Context, database string) error {
+// checkTargetEmpty refuses, with an error wrapping ErrTargetNotEmpty that
+// ends with fix, a target database ("" for the Conn's) that holds
+// relations other than extensions' and siphon's.
+func (c *Conn) checkTargetEmpty(ctx context.Context, database, fix string) error {
 	const query = `SELECT coalesce(array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY n.nspname, c.relname), '{}')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND ` + inUserSchema + ` AND ` + notOfExtension
@@ -147,21 +158,20 @@ func (c *Conn) checkTargetEmpty(ctx context.Context, database string) error {
 		config.Database = database
 		conn, err := pgx.ConnectConfig(ctx, config)
 		if err != nil {
-			return errorf("siphon: restore: connect to database %q: %w", database, err)
+			return fmt.Errorf("connect to database %q: %w", database, err)
 		}
 		defer conn.Close(context.Background())
 		q = conn
 	}
 	var names []string
 	if err := q.QueryRow(ctx, query).Scan(&names); err != nil {
-		return errorf("siphon: restore: check that the target is empty: %w", err)
+		return fmt.Errorf("check that the target is empty: %w", err)
 	}
 	if len(names) > 0 {
 		if len(names) > 5 {
 			names = append(names[:5], "...")
 		}
-		return fmt.Errorf("%w: it holds %s: restore into an empty database, or set RestoreOptions.Clean to replace what the backup holds",
-			ErrTargetNotEmpty, strings.Join(names, ", "))
+		return fmt.Errorf("%w: it holds %s: %s", ErrTargetNotEmpty, strings.Join(names, ", "), fix)
 	}
 	return nil
 }

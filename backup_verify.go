@@ -442,14 +442,26 @@ func verifyChain(ctx context.Context, links []io.ReadSeeker, rules streamRules) 
 	return chain, nil
 }
 
-// linkProblems checks that link n (1-based) continues link n-1.
+// linkProblems checks that link n (1-based) continues link n-1, from what
+// was read of both: a link whose header could not be read says nothing of
+// its source or where it starts, one whose end could not be read (cut or
+// damaged before its end record) nothing of where it ends, and one not
+// read to its end nothing of its authentication. Their own problems say
+// why; comparing what is unknown would add false ones (a gap after a
+// damaged link).
 func linkProblems(n int, prev, cur *VerifyReport) []string {
 	var out []string
 	add := func(format string, args ...any) {
 		out = append(out, fmt.Sprintf("link %d: ", n)+fmt.Sprintf(format, args...))
 	}
+	if !cur.headerRead() {
+		return nil
+	}
 	if cur.Kind != canonical.KindIncremental {
 		add("is a %s: only incrementals continue a chain", cur.Kind)
+	}
+	if !prev.headerRead() {
+		return out
 	}
 	if cur.SystemID != prev.SystemID {
 		add("comes from system %q, link %d from system %q: they are different clusters", cur.SystemID, n-1, prev.SystemID)
@@ -458,6 +470,7 @@ func linkProblems(n int, prev, cur *VerifyReport) []string {
 		add("is on timeline %d, link %d on timeline %d", cur.Timeline, n-1, prev.Timeline)
 	}
 	switch {
+	case !prev.endRead():
 	case cur.Start > prev.End:
 		add("starts at %v, but link %d ends at %v: a gap, the changes between them are missing", cur.Start, n-1, prev.End)
 	case cur.Start < prev.End:
@@ -469,11 +482,20 @@ func linkProblems(n int, prev, cur *VerifyReport) []string {
 	if cur.Previous != "" && prev.Link != "" && cur.Previous != prev.Link {
 		add("names %s as its previous link, but link %d is %s", cur.Previous, n-1, prev.Link)
 	}
-	if prev.Authenticated && !cur.Authenticated {
+	if prev.Authenticated && !cur.Authenticated && len(cur.Problems) == 0 {
 		add("is not authenticated with the Conn's keys, but link %d is: it was not written by the key's holder (or with a key the Conn was not given, see WithStreamKey)", n-1)
 	}
 	return out
 }
+
+// headerRead reports whether the backup's header was read: its kind,
+// source and start are known.
+func (r *VerifyReport) headerRead() bool { return r.Kind != "" }
+
+// endRead reports whether where the backup ends is known: from its end
+// record, its trailer, or a header that says it (a dump's). No backup
+// ends at 0/0.
+func (r *VerifyReport) endRead() bool { return r.End != 0 }
 
 // ChainLink is what the next backup of a chain continues: where a backup
 // ends and the Link that identifies it. [VerifyReport.ChainLink] gives a

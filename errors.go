@@ -11,8 +11,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/siphondb/siphon/canonical"
 	dsnpkg "github.com/siphondb/siphon/internal/dsn"
+	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
@@ -61,7 +65,9 @@ var ErrApplyInProgress = errors.New("siphon: another session is applying this so
 
 // ErrAmbiguousSource is returned (wrapped) by [Conn.AppliedPosition] when
 // changes from more than one source were applied into the target database:
-// ask for one with [Conn.AppliedPositionFor].
+// ask for one with [Conn.AppliedPositionFor] ([Conn.AppliedSources] lists
+// them), or forget those no longer applied ([Conn.ResetAppliedPosition],
+// [Conn.SweepOrphanOriginsWith]).
 var ErrAmbiguousSource = errors.New("siphon: more than one source was applied into the target")
 
 // Errors of [Conn.ConsumeCanonical] callers can branch on with errors.Is.
@@ -208,25 +214,57 @@ type ChainError struct {
 	// Link is the first bad link, 1-based: 1 is the base backup, 2 the
 	// first incremental.
 	Link int
-	// Problems are that link's problems, as in [ChainReport].Problems.
+	// Problems are that link's problems, as in [ChainReport].Problems:
+	// each starts with "link N: ".
 	Problems []string
 	// Report is the whole chain's report.
 	Report *ChainReport
 }
 
 func (e *ChainError) Error() string {
-	return fmt.Sprintf("siphon: restore chain refused, nothing was restored: link %d: %s", e.Link, strings.Join(e.Problems, "; "))
+	// Each problem names its link already ("link 3: ...").
+	return "siphon: restore chain refused, nothing was restored: " + strings.Join(e.Problems, "; ")
 }
 
-// Errors of [Conn.Restore] callers can branch on with errors.Is.
+// Errors of [Conn.Restore] (and [Conn.CopySchema]) callers can branch on
+// with errors.Is.
 var (
 	// ErrNotDump means the envelope given to Restore holds a snapshot or
 	// an incremental (JSONL), not a pg_dump archive.
 	ErrNotDump = errors.New("siphon: the backup is not a dump")
-	// ErrTargetNotEmpty means the database Restore would restore into
-	// already holds tables, views or sequences.
+	// ErrTargetNotEmpty means the database Restore would restore into, or
+	// CopySchema copy into, already holds tables, views or sequences.
 	ErrTargetNotEmpty = errors.New("siphon: the target database is not empty")
 )
+
+// OwnershipError is returned by [Conn.CopySchema] (and [Conn.Replicate]
+// with [ReplicateOptions].CopySchema) when objects of the source that run
+// with their owner's rights (tables, with their rules and index
+// expressions; views; SECURITY DEFINER functions) belong to roles that are
+// not superusers there, and the copy would give them to the target Conn's
+// role ([CopySchemaOptions].KeepOwners not set): they would then run with
+// its rights on the target, more than their owners had on the source.
+// Nothing was created.
+type OwnershipError struct {
+	// Target is the target Conn's role, which would own them.
+	Target string
+	// Owners lists, by source role, objects it owns (the first few).
+	Owners map[string][]string
+}
+
+func (e *OwnershipError) Error() string {
+	roles := make([]string, 0, len(e.Owners))
+	for role := range e.Owners {
+		roles = append(roles, role)
+	}
+	slices.Sort(roles)
+	for i, role := range roles {
+		roles[i] = fmt.Sprintf("%q (%s)", role, strings.Join(e.Owners[role], ", "))
+	}
+	return fmt.Sprintf("siphon: copy schema refused, nothing was created: objects of the source belong to roles that are not superusers there: %s; "+
+		"owned by role %q on the target, they would run with its rights there, more than their owners have: "+
+		"keep their owners with CopySchemaOptions.KeepOwners (create those roles on the target first)", strings.Join(roles, "; "), e.Target)
+}
 
 // PreflightError is what Connect and the first operation that needs it
 // return when a check fails that nothing can work without: the database's
@@ -254,6 +292,53 @@ var (
 	// ErrSlotInUse means a replication slot is active in another session.
 	ErrSlotInUse = errors.New("siphon: replication slot is in use")
 )
+
+// PrivilegeError reports that the server refused what siphon asked of it
+// because the role lacks a privilege: which one, what needs it, and the
+// statement that grants it. Every refusal for lack of a privilege that
+// siphon can name is one (a replication session without REPLICATION, a
+// table or sequence the role may not read or write, a schema it may not
+// use).
+type PrivilegeError struct {
+	// Role is the role that lacks the privilege.
+	Role string
+	// Privilege is what it lacks: "the REPLICATION attribute",
+	// "SELECT on table public.orders", ...
+	Privilege string
+	// Needed says what needs it: "replication sessions: snapshots,
+	// streams, backups", ...
+	Needed string
+	// Fix is the statement that grants it, and who may run it.
+	Fix string
+	// Err is the error the lack caused: the server's, or pg_dump's (a
+	// [*pgdump.ExitError]); nil in a Preflight check.
+	Err error
+}
+
+func (e *PrivilegeError) Error() string {
+	msg := fmt.Sprintf("siphon: role %q lacks %s", e.Role, e.Privilege)
+	if e.Needed != "" {
+		msg += " (needed for " + e.Needed + ")"
+	}
+	msg += ": " + e.Fix
+	if e.Err != nil {
+		msg += fmt.Sprintf(" (%v)", e.Err)
+	}
+	return msg
+}
+
+func (e *PrivilegeError) Unwrap() error { return e.Err }
+
+// privilegeError returns err as a *PrivilegeError of role when it is the
+// server's refusal for lack of a privilege (SQLSTATE 42501), and err
+// otherwise. privilege, needed and fix are as in PrivilegeError.
+func privilegeError(err error, role, privilege, needed, fix string) error {
+	var pgErr *pgconn.PgError
+	if !pgerr.Is(err, pgerrcode.InsufficientPrivilege) || !errors.As(err, &pgErr) {
+		return err
+	}
+	return &PrivilegeError{Role: role, Privilege: privilege, Needed: needed, Fix: fix, Err: pgErr}
+}
 
 // OptionError reports an invalid [Option] given to [Connect].
 type OptionError struct {

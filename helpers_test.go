@@ -309,3 +309,20 @@ func envInt(tb testing.TB, name string, def int) int {
 	require.Positive(tb, n, name)
 	return n
 }
+
+// loginRole makes a login role with attributes (such as "REPLICATION"),
+// named prefix and numbered by roleSeq (roles belong to the cluster), and
+// returns it and a DSN of dsn's database for it. When the test ends, what
+// admin's database holds of it goes (DROP OWNED), then the role.
+func loginRole(t *testing.T, dsn string, admin *pgx.Conn, prefix, attributes string) (role, roleDSN string) {
+	t.Helper()
+	role = fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), roleSeq.Add(1))
+	execSQL(t, admin, "CREATE ROLE "+role+" LOGIN "+attributes+" PASSWORD 'role-pw-1234'")
+	t.Cleanup(func() {
+		_, err := admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		assert.NoError(t, err)
+		_, err = admin.Exec(context.Background(), "DROP ROLE "+role)
+		assert.NoError(t, err)
+	})
+	return role, strings.Replace(dsn, "postgres@", role+":role-pw-1234@", 1)
+}

@@ -27,6 +27,7 @@ const (
 	CheckReplicaIdentity CheckName = "replica identity"
 	CheckSlot            CheckName = "slot"
 	CheckPgDump          CheckName = "pg_dump"
+	CheckDumpPrivileges  CheckName = "pg_dump privileges"
 	CheckPgRestore       CheckName = "pg_restore"
 	CheckOrigins         CheckName = "replication origins"
 	CheckApplyRole       CheckName = "session_replication_role"
@@ -218,7 +219,10 @@ func (c *Conn) checkWALLevel() error {
 // usable replica identity and what happens to it (see
 // [WithKeylessTables]); the schema capture (see
 // [Conn.InstallSchemaCapture]); the persistent slot's state; pg_dump and pg_restore
-// against the server's release; for apply, replication origins and
+// against the server's release, and that the role may read every table and
+// sequence pg_dump dumps (SELECT on each, USAGE on their schemas, no
+// row-level security in the way), each missing privilege with its GRANT;
+// for apply, replication origins and
 // session_replication_role; and what the server's release offers.
 func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
 	f, err := c.readServerFacts(ctx)
@@ -231,7 +235,7 @@ func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
 		r.Checks = append(r.Checks, f.tablesCheck())
 	}
 	for _, check := range []func(context.Context) ([]Check, error){
-		c.roleChecks, c.capacityChecks, c.publicationChecks, c.captureChecks, c.slotCheck, c.clientChecks, c.applyChecks,
+		c.roleChecks, c.capacityChecks, c.publicationChecks, c.captureChecks, c.slotCheck, c.clientChecks, c.dumpAccessCheck, c.applyChecks,
 	} {
 		checks, err := check(ctx)
 		if err != nil {
@@ -243,24 +247,20 @@ func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
 	return r, nil
 }
 
-// roleChecks checks the REPLICATION privilege.
+// roleChecks checks the REPLICATION attribute.
 func (c *Conn) roleChecks(ctx context.Context) ([]Check, error) {
 	var role string
-	var replication, super, createRole bool
-	err := c.pool.QueryRow(ctx, `SELECT rolname, rolreplication, rolsuper, rolcreaterole FROM pg_roles WHERE rolname = current_user`).
-		Scan(&role, &replication, &super, &createRole)
+	var replication, super bool
+	err := c.pool.QueryRow(ctx, `SELECT rolname, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user`).
+		Scan(&role, &replication, &super)
 	if err != nil {
 		return nil, err
 	}
 	ch := Check{Name: CheckReplicationRole, Status: CheckOK, Found: fmt.Sprintf("role %q may open replication sessions", role),
 		Needed: "slots and streaming"}
-	switch {
-	case replication || super:
-	case createRole:
-		ch.Status, ch.Found = CheckWarning, fmt.Sprintf("role %q lacks REPLICATION, and may grant it to itself", role)
-		ch.Fix = fmt.Sprintf("siphon runs ALTER ROLE %s WITH REPLICATION itself when it first needs it (and logs it at Warn); run it yourself to decide when", sqltext.Ident(role))
-	default:
-		ch.Status, ch.Found = CheckFailed, fmt.Sprintf("role %q lacks REPLICATION", role)
+	if !replication && !super {
+		// No role may grant it to itself (see Conn.noReplication).
+		ch.Status, ch.Found = CheckFailed, fmt.Sprintf("role %q lacks the REPLICATION attribute", role)
 		ch.Fix = fmt.Sprintf("have a superuser run ALTER ROLE %s WITH REPLICATION", sqltext.Ident(role))
 	}
 	return []Check{ch}, nil
@@ -326,9 +326,14 @@ func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
 	case s.exists:
 		pub.Found = fmt.Sprintf("publication %q exists and matches the options", c.opts.publication)
 	default:
-		pub.Found, pub.Fix = c.canCreatePublication(ctx, tables)
-		if pub.Fix != "" {
-			pub.Status = CheckFailed
+		pub.Found = fmt.Sprintf("publication %q does not exist yet: siphon creates it", c.opts.publication)
+		lacks, err := c.canCreatePublication(ctx, tables)
+		if err != nil {
+			return nil, err
+		}
+		if lacks != nil {
+			pub.Status, pub.Fix = CheckFailed, lacks.Fix
+			pub.Found = fmt.Sprintf("publication %q does not exist, and role %q may not create it: it lacks %s", c.opts.publication, lacks.Role, lacks.Privilege)
 		}
 	}
 	var keyless []string
@@ -338,58 +343,74 @@ func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
 		}
 	}
 	identity := Check{Name: CheckReplicaIdentity, Status: CheckOK, Found: "every captured table has a usable replica identity",
-		Needed: "capturing updates and deletes without making the application's fail"}
+		Needed: "capturing updates and deletes while the application's own UPDATE and DELETE keep working"}
 	if len(keyless) > 0 {
 		list := strings.Join(keyless, ", ")
 		identity.Status = CheckWarning
+		them, their := "it", "its"
+		if len(keyless) > 1 {
+			them, their = "them", "their"
+		}
 		switch {
 		case s.allTables:
 			identity.Status = CheckFailed
 			identity.Found = fmt.Sprintf("publication %q is FOR ALL TABLES and %s %s no usable replica identity: the application's UPDATE and DELETE on them fail",
 				c.opts.publication, list, pluralHas(len(keyless)))
-			identity.Fix = "drop the publication (siphon makes one that names its tables), or give them a primary key or REPLICA IDENTITY FULL"
+			identity.Fix = "drop the publication (siphon makes one that names its tables), or give " + them + " a primary key or REPLICA IDENTITY FULL"
 		case c.opts.keyless == KeylessFull:
 			identity.Found = "with REPLICA IDENTITY FULL (KeylessFull), siphon captures " + list + " whole"
-			identity.Fix = "nothing to do; a primary key would make their updates cheaper in WAL and apply"
+			identity.Fix = "nothing to do; a primary key would make " + their + " updates cheaper in WAL and apply"
 		case c.opts.keyless == KeylessInsertsOnly:
 			identity.Found = "only the inserts and truncates of " + list + " are captured (KeylessInsertsOnly)"
-			identity.Fix = "give them a primary key to capture their updates and deletes"
+			identity.Fix = "give " + them + " a primary key to capture " + their + " updates and deletes"
 		default:
-			identity.Found = list + " " + pluralHas(len(keyless)) + " no usable replica identity and not captured (KeylessSkip)"
-			identity.Fix = "give them a primary key, or connect WithKeylessTables(KeylessFull) or WithKeylessTables(KeylessInsertsOnly)"
+			identity.Found = fmt.Sprintf("%s %s no usable replica identity (no primary key, REPLICA IDENTITY FULL or USING INDEX), "+
+				"so siphon leaves %s out of the publication and captures none of %s changes (KeylessSkip)", list, pluralHas(len(keyless)), them, their)
+			identity.Fix = "give " + them + " a primary key, or connect WithKeylessTables(KeylessFull) or WithKeylessTables(KeylessInsertsOnly)"
 		}
 	}
 	return []Check{pub, identity}, nil
 }
 
 // canCreatePublication says whether the role could create the publication,
-// and what to do when it could not.
-func (c *Conn) canCreatePublication(ctx context.Context, tables []userTable) (found, fix string) {
-	names := make([]canonical.TableName, len(tables))
-	for i, t := range tables {
-		names[i] = t.name
+// and, when it could not, the *PrivilegeError that says what it lacks.
+func (c *Conn) canCreatePublication(ctx context.Context, tables []userTable) (*PrivilegeError, error) {
+	var names []canonical.TableName // what the publication would name (or make REPLICA IDENTITY FULL)
+	for _, t := range tables {
+		if t.usable || c.opts.keyless == KeylessFull || c.opts.keyless == KeylessInsertsOnly {
+			names = append(names, t.name)
+		}
 	}
 	schemas, relnames := nameArrays(names)
+	var role, database string
 	var create, super bool
 	var notOwned []string
-	err := c.pool.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE'),
+	err := c.pool.QueryRow(ctx, `SELECT current_user::text, current_database()::text, has_database_privilege(current_database(), 'CREATE'),
 		(SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
 		coalesce((SELECT array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY 1) FROM pg_class c
 		          JOIN pg_namespace n ON n.oid = c.relnamespace
 		          WHERE c.relkind IN ('r', 'p') AND NOT pg_has_role(c.relowner, 'USAGE')
 		            AND (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[]))), '{}')`,
-		schemas, relnames).Scan(&create, &super, &notOwned)
+		schemas, relnames).Scan(&role, &database, &create, &super, &notOwned)
+	const needed = "creating the publication"
 	switch {
 	case err != nil:
-		return "could not tell whether the publication can be created: " + err.Error(), "check the role's privileges"
+		return nil, err
 	case super:
-		return fmt.Sprintf("publication %q does not exist yet: siphon creates it", c.opts.publication), ""
+		return nil, nil
 	case !create:
-		return "the role may not create publications in this database", "GRANT CREATE ON DATABASE to the role"
+		return &PrivilegeError{Role: role, Privilege: "CREATE on database " + sqltext.Ident(database), Needed: needed,
+			Fix: fmt.Sprintf("have a superuser run GRANT CREATE ON DATABASE %s TO %s", sqltext.Ident(database), sqltext.Ident(role))}, nil
 	case len(notOwned) > 0:
-		return "the role does not own " + strings.Join(notOwned, ", "), "make the role own the tables it captures, or create the publication as a superuser"
+		alters := make([]string, len(notOwned))
+		for i, t := range notOwned {
+			alters[i] = fmt.Sprintf("ALTER TABLE %s OWNER TO %s", t, sqltext.Ident(role))
+		}
+		return &PrivilegeError{Role: role, Needed: needed,
+			Privilege: "ownership of " + strings.Join(notOwned, ", ") + " (a publication names only tables its creator owns)",
+			Fix:       "have a superuser run " + strings.Join(alters, "; ") + ", or create the publication as a superuser (the role then only reads it)"}, nil
 	}
-	return fmt.Sprintf("publication %q does not exist yet: siphon creates it", c.opts.publication), ""
+	return nil, nil
 }
 
 // slotCheck reports the persistent slot's state.

@@ -37,6 +37,12 @@ type ReplicateOptions struct {
 	// reached on an idle source too. Defaults to zero: Replicate runs until
 	// ctx ends.
 	StopAt canonical.Position
+	// CopySchema, when set, with Snapshot, first makes the target's
+	// schema the source's, as [Conn.CopySchema] with these options does,
+	// through the snapshot itself (the schema as of its Position): one
+	// call creates the schema, loads the rows and streams. Defaults to
+	// nil: the target's tables must exist.
+	CopySchema *CopySchemaOptions
 	// Progress, when set, receives a report every ProgressInterval, from
 	// the initial snapshot on, and one when Replicate stops, from one
 	// goroutine at a time. Defaults to none.
@@ -150,7 +156,8 @@ type SnapshotProgress struct {
 // A source interruption returns a [*StreamInterruptedError] (call
 // Replicate again); a change the target refuses returns the error, with
 // the target at the last transaction before it. The target's tables must
-// exist with the source's columns as of where it starts (for an initial
+// exist with the source's columns as of where it starts, or be created by
+// it (opts.CopySchema, into an empty target) (for an initial
 // snapshot, run no migration until it is loaded: a table changed under it
 // makes Replicate take a new one, which needs the new schema). Replicate
 // reads c's slot: it returns [ErrAlreadyStreaming] while c streams it
@@ -160,8 +167,12 @@ func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOption
 	if target == nil {
 		return 0, errorf("siphon: replicate: the target Conn: %w", ErrNilArgument)
 	}
-	if opts.ProgressInterval < 0 {
+	switch {
+	case opts.ProgressInterval < 0:
 		return 0, &OptionError{Option: "ReplicateOptions.ProgressInterval", Problem: "negative", Fix: "use a positive interval, or 0 for 1s"}
+	case opts.CopySchema != nil && !opts.Snapshot:
+		return 0, &OptionError{Option: "ReplicateOptions.CopySchema", Problem: "without Snapshot",
+			Fix: "set Snapshot too: the schema is copied with the initial snapshot"}
 	}
 	release, err := c.claimStream()
 	if err != nil {
@@ -235,7 +246,7 @@ func (r *replica) start(ctx context.Context, opts ReplicateOptions) error {
 	case !applied.IsZero():
 	case opts.Snapshot:
 		r.setPhase(ReplicateCopying)
-		if r.from, err = c.replicateSnapshot(ctx, target, r.snapshotProgress); err != nil {
+		if r.from, err = c.replicateSnapshot(ctx, target, emitHooks{prepare: c.schemaCopier(target, opts.CopySchema), progress: r.snapshotProgress}); err != nil {
 			return fmt.Errorf("initial snapshot: %w", err)
 		}
 	default:
@@ -284,8 +295,9 @@ func (r *replica) close() {
 const snapshotAttempts = 3
 
 // replicateSnapshot copies c's tables into target, through a pipe, and
-// returns the snapshot's Position; progress receives the copy's progress.
-func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn, progress func(Progress)) (canonical.Position, error) {
+// returns the snapshot's Position; hooks copy the schema first and receive
+// the copy's progress.
+func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn, hooks emitHooks) (canonical.Position, error) {
 	for attempt := 1; ; attempt++ {
 		pr, pw := io.Pipe()
 		loaded := make(chan error, 1)
@@ -294,7 +306,7 @@ func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn, progress fun
 			pr.CloseWithError(errConsumerDone)
 			loaded <- err
 		}()
-		pos, err := c.emitCanonical(ctx, nil, pw, progress)
+		pos, err := c.emitCanonical(ctx, nil, pw, hooks)
 		pw.CloseWithError(err)
 		loadErr := <-loaded
 		var changed *SchemaIncompatibleError

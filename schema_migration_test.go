@@ -191,6 +191,13 @@ var eventTriggers = regexp.MustCompile(`(?s)CREATE EVENT TRIGGER siphon_capture_
 // schemaDump runs pg_dump --schema-only on dsn and normalises its output.
 func schemaDump(t *testing.T, dsn string) string {
 	t.Helper()
+	return pgDumpSchema(t, dsn, "--no-owner", "--no-privileges")
+}
+
+// pgDumpSchema runs pg_dump --schema-only with args on dsn, publications
+// and siphon's objects left out, and normalises its output.
+func pgDumpSchema(t *testing.T, dsn string, args ...string) string {
+	t.Helper()
 	ctx := context.Background()
 	conn := connectOrFail(t, dsn)
 	defer conn.Close(ctx)
@@ -200,8 +207,8 @@ func schemaDump(t *testing.T, dsn string) string {
 	require.NoError(t, err)
 	prog, err := pgdump.Find(ctx, "pg_dump", "", server)
 	require.NoError(t, err)
-	out, err := exec.CommandContext(ctx, prog.Path, "--schema-only", "--no-owner", "--no-privileges", "--no-publications",
-		"--exclude-schema=siphon", "--dbname="+dsn).Output()
+	args = append([]string{"--schema-only", "--no-publications", "--exclude-schema=siphon", "--dbname=" + dsn}, args...)
+	out, err := exec.CommandContext(ctx, prog.Path, args...).Output()
 	require.NoError(t, err)
 	dump := dumpNoise.ReplaceAllString(string(out), "")
 	return eventTriggers.ReplaceAllString(dump, "")

@@ -44,6 +44,7 @@ ORDER BY 1, 2`
 type sequenceState struct {
 	value, increment int64
 	called           bool
+	settable         bool // the role may setval it (UPDATE)
 }
 
 // next is the value nextval would return.
@@ -97,6 +98,7 @@ func (c *Conn) readSequences(ctx context.Context) ([]canonical.Sequence, error) 
 // sequenceBatch is a batch of queries, as pgx sends them.
 type sequenceBatch interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // readSequenceStates reads the state of seqs, in one round trip. A
@@ -107,27 +109,41 @@ func readSequenceStates(ctx context.Context, q sequenceBatch, seqs []canonical.S
 		return states, nil
 	}
 	b := &pgx.Batch{}
+	b.Queue("SELECT current_user::text")
 	for _, s := range seqs {
 		// Reading the sequence relation gives last_value and is_called even
 		// when nextval was never called (pg_sequences shows NULL then).
-		b.Queue(`SELECT s.last_value, s.is_called, q.seqincrement FROM ` + sqltext.Name(s.TableName().Schema, s.TableName().Name) + ` s, pg_sequence q
+		b.Queue(`SELECT s.last_value, s.is_called, q.seqincrement, has_sequence_privilege(q.seqrelid, 'UPDATE')
+			FROM ` + sqltext.Name(s.TableName().Schema, s.TableName().Name) + ` s, pg_sequence q
 			WHERE q.seqrelid = ` + sqltext.Literal(sqltext.Name(s.TableName().Schema, s.TableName().Name)) + `::regclass`)
 	}
 	br := q.SendBatch(ctx, b)
 	defer br.Close()
+	var role string
+	if err := br.QueryRow().Scan(&role); err != nil {
+		return nil, fmt.Errorf("read sequences: %w", err)
+	}
 	for i, s := range seqs {
-		err := br.QueryRow().Scan(&states[i].value, &states[i].called, &states[i].increment)
+		err := br.QueryRow().Scan(&states[i].value, &states[i].called, &states[i].increment, &states[i].settable)
 		switch {
 		case pgerr.Is(err, pgerrcode.UndefinedTable):
 			return nil, &SchemaIncompatibleError{Table: s.TableName(), Problem: "the sequence does not exist in the target database: create it there (same DDL as the source)"}
 		case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
-			return nil, &SchemaIncompatibleError{Table: s.TableName(), Problem: "the role may not read the sequence: GRANT SELECT, UPDATE ON it (its next values must stay past the source's)"}
+			return nil, sequencePrivilegeError(role, s.TableName(), err)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read sequence %s: %w", s.TableName(), err)
 		}
 	}
 	return states, br.Close()
+}
+
+// sequencePrivilegeError says that role may not read or set the target's
+// sequence seq, which apply moves forward to the source's.
+func sequencePrivilegeError(role string, seq canonical.TableName, err error) *PrivilegeError {
+	return gapsError(role, "apply: it moves each sequence forward to the source's, so that the target never hands out a value the source used",
+		[]grantGap{{what: "SELECT, UPDATE on sequence " + seq.String(),
+			grant: fmt.Sprintf("GRANT SELECT, UPDATE ON SEQUENCE %s TO %s", seq, sqltext.Ident(role))}}, err)
 }
 
 // writeSequences writes the state of the sequences c carries to enc.
@@ -158,6 +174,13 @@ func advanceSequences(ctx context.Context, q sequenceBatch, seqs []canonical.Seq
 		behind := target.next() < source.next()
 		if target.increment < 0 {
 			behind = target.next() > source.next()
+		}
+		if behind && !target.settable {
+			var role string
+			if err := q.QueryRow(ctx, "SELECT current_user::text").Scan(&role); err != nil {
+				return fmt.Errorf("set sequences: %w", err)
+			}
+			return sequencePrivilegeError(role, s.TableName(), nil)
 		}
 		if behind {
 			b.Queue("SELECT setval($1::regclass, $2, $3)", sqltext.Name(s.TableName().Schema, s.TableName().Name), s.Value, s.Called)

@@ -30,7 +30,12 @@
 //     [Conn.RestoreChain]: pg_dump aligned to an exported snapshot, in a
 //     versioned, checksummed envelope.
 //   - [Conn.ApplyChange], [Conn.ConsumeCanonical], [Conn.AppliedPosition]:
-//     apply snapshots and change sets to a target exactly once.
+//     apply snapshots and change sets to a target exactly once;
+//     [Conn.AppliedSources], [Conn.ResetAppliedPosition] and
+//     [Conn.SweepOrphanOriginsWith]: what a target holds of each source,
+//     and forgetting what no stream continues.
+//   - [Conn.CopySchema]: a target's schema made the source's (user objects
+//     only), alone or as the start of [Conn.Replicate].
 //   - [Conn.Replicate]: a live replica, its progress in time and bytes;
 //     [Conn.Cutover]: the end of a live migration, the target checked.
 //   - [Conn.Slots], [Conn.CreateBaseSlot], [Conn.DropSlot],
@@ -72,10 +77,9 @@
 // Slots: creating one waits for every transaction holding a transaction ID.
 // siphon bounds that wait, names the blocking sessions in a
 // [*SlotBlockedError], and leaves no slot, session or lock behind on failure.
-// A role without the REPLICATION privilege that may grant it (CREATEROLE)
-// gets it from siphon itself, once, logged at Warn; a full
-// max_replication_slots is mended once by dropping siphon's base slots that
-// lost their WAL, never a live chain's.
+// A role without the REPLICATION attribute gets a [*PrivilegeError] that says
+// who grants it; a full max_replication_slots is mended once by dropping
+// siphon's base slots that lost their WAL, never a live chain's.
 //
 // # What is and is not captured
 //
@@ -214,6 +218,7 @@ import (
 	"github.com/siphondb/siphon/canonical"
 	dsnpkg "github.com/siphondb/siphon/internal/dsn"
 	"github.com/siphondb/siphon/internal/fkgraph"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // sessionSettings are set on every session siphon opens, replication
@@ -559,7 +564,16 @@ func (c *Conn) newReplicationSession(ctx context.Context, wrap func(net.Conn) ne
 	}
 	conn, err := pgconn.ConnectConfig(ctx, config)
 	if err != nil {
-		return nil, fmt.Errorf("open replication session: %w", err)
+		return nil, fmt.Errorf("open replication session: %w", c.noReplication(err))
 	}
 	return conn, nil
+}
+
+// noReplication turns the server's refusal of a replication session to a
+// role without the REPLICATION attribute into a *PrivilegeError that says
+// who grants it. No role may grant it to itself: PostgreSQL 15 lets only
+// superusers change it, 16 and later only roles that have it.
+func (c *Conn) noReplication(err error) error {
+	return privilegeError(err, c.config.User, "the REPLICATION attribute", "replication sessions: slots, snapshots, streams, backups",
+		fmt.Sprintf("have a superuser run ALTER ROLE %s WITH REPLICATION", sqltext.Ident(c.config.User)))
 }

@@ -37,8 +37,8 @@ import (
 //     terminates the walsender, which would otherwise wait on with a
 //     half-made slot), sleeps a jittered delay and tries again until
 //     SlotRetry.MaxBlocked, then fails with a *SlotBlockedError;
-//   - a missing REPLICATION privilege and a full max_replication_slots are
-//     repaired once each.
+//   - a full max_replication_slots is repaired once (a missing REPLICATION
+//     attribute is a *PrivilegeError of the session's opener).
 
 const (
 	// slotLockKey is the advisory lock key for slot management: "siphon" in
@@ -165,7 +165,7 @@ type createdSlot struct {
 }
 
 // repairs remembers the self-repairs already tried: each runs once.
-type repairs struct{ privilege, slots bool }
+type repairs struct{ slots bool }
 
 // slotCreated says what ensureSlot found or made.
 type slotCreated struct {
@@ -459,21 +459,10 @@ func discard(lock *slotLock, repl *pgconn.PgConn) {
 	closeAndEnd(lock.conn, repl)
 }
 
-// repair fixes what err reports, once per kind: a missing REPLICATION
-// privilege, or max_replication_slots reached. It reports whether to try
+// repair fixes what err reports, once: max_replication_slots reached. It reports whether to try
 // again, or the error to return.
 func (c *Conn) repair(ctx context.Context, lock *slotLock, err error, rep *repairs) (bool, error) {
 	switch {
-	case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
-		if rep.privilege {
-			return false, c.noReplicationError(err, nil)
-		}
-		rep.privilege = true
-		if _, alterErr := lock.conn.Exec(ctx, "ALTER ROLE CURRENT_USER WITH REPLICATION"); alterErr != nil {
-			return false, c.noReplicationError(err, alterErr)
-		}
-		c.log.Warn("granted the REPLICATION privilege to siphon's role", "role", c.config.User)
-		return true, nil
 	case pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded):
 		if !rep.slots {
 			rep.slots = true
@@ -494,14 +483,6 @@ func (c *Conn) repair(ctx context.Context, lock *slotLock, err error, rep *repai
 		return false, fmt.Errorf("no free WAL sender or connection: raise max_wal_senders (or max_connections), or end idle replication sessions: %w", err)
 	}
 	return false, err
-}
-
-func (c *Conn) noReplicationError(err, alterErr error) error {
-	msg := fmt.Sprintf("role %q lacks the REPLICATION privilege", c.config.User)
-	if alterErr != nil {
-		msg += fmt.Sprintf(" and could not grant it to itself (%v)", alterErr)
-	}
-	return fmt.Errorf("%s: have a superuser run ALTER ROLE %s WITH REPLICATION: %w", msg, sqltext.Ident(c.config.User), err)
 }
 
 // slotRow is a slot's row in pg_replication_slots, as siphon reads it.

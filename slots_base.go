@@ -195,7 +195,7 @@ func (c *Conn) DropSlot(ctx context.Context, name string) error {
 	case pgerr.Is(err, pgerrcode.ObjectInUse):
 		return errorf("siphon: drop slot %q: %w (%v): stop the session that uses it first", name, ErrSlotInUse, err)
 	}
-	return errorf("siphon: drop slot %q: %w", name, err)
+	return errorf("siphon: drop slot %q: %w", name, c.noReplication(err))
 }
 
 // SweepOrphanSlots drops siphon's base slots that can no longer serve

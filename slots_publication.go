@@ -148,13 +148,28 @@ func (c *Conn) ensurePublication(ctx context.Context) error {
 		if errors.As(err, &identity) {
 			return err
 		}
-		hint := ""
-		if pgerr.Is(err, pgerrcode.InsufficientPrivilege) {
-			hint = ": the role must own the tables (or be a superuser), and have CREATE on the database"
-		}
-		return errorf("siphon: create publication %q%s: %w", c.opts.publication, hint, err)
+		return errorf("siphon: create publication %q: %w", c.opts.publication, c.explainPublicationFailure(ctx, err))
 	}
 	return nil
+}
+
+// explainPublicationFailure returns, for err that is the server's refusal
+// to create the publication for lack of a privilege, the *PrivilegeError
+// that says which; err otherwise.
+func (c *Conn) explainPublicationFailure(ctx context.Context, err error) error {
+	if !pgerr.Is(err, pgerrcode.InsufficientPrivilege) {
+		return err
+	}
+	tables, terr := c.readUserTables(ctx, c.pool)
+	if terr != nil {
+		return err
+	}
+	lacks, lerr := c.canCreatePublication(ctx, tables)
+	if lerr != nil || lacks == nil {
+		return err
+	}
+	lacks.Err = err
+	return lacks
 }
 
 // createPublication creates the publication (and the inserts-only one)

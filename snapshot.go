@@ -183,12 +183,21 @@ type CopyOptions struct {
 // rows, however large the tables.
 func (c *Conn) EmitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer) (_ canonical.Position, err error) {
 	defer func() { c.countError(ctx, err) }()
-	return c.emitCanonical(ctx, schema, w, nil)
+	return c.emitCanonical(ctx, schema, w, emitHooks{})
 }
 
-// emitCanonical is EmitCanonical, with a function that receives the
-// copy's progress besides WithProgress's (see CopyOptions.progress).
-func (c *Conn) emitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer, progress func(Progress)) (canonical.Position, error) {
+// emitHooks are what a call of siphon's own adds to EmitCanonical:
+// prepare, when set, runs once the snapshot is taken and before anything
+// is written (Replicate's copy of the schema); progress receives the
+// copy's progress besides WithProgress's function (see
+// CopyOptions.progress).
+type emitHooks struct {
+	prepare  func(context.Context, *Snapshot) error
+	progress func(Progress)
+}
+
+// emitCanonical is EmitCanonical with hooks.
+func (c *Conn) emitCanonical(ctx context.Context, schema *canonical.Schema, w io.Writer, hooks emitHooks) (canonical.Position, error) {
 	var err error
 	if schema == nil {
 		if schema, err = c.publishedSchema(ctx); err != nil {
@@ -206,7 +215,13 @@ func (c *Conn) emitCanonical(ctx context.Context, schema *canonical.Schema, w io
 	if err != nil {
 		return 0, err
 	}
-	pos, err := c.emitSnapshot(ctx, snap, schema, header, w, progress)
+	var pos canonical.Position
+	if hooks.prepare != nil {
+		err = hooks.prepare(ctx, snap)
+	}
+	if err == nil {
+		pos, err = c.emitSnapshot(ctx, snap, schema, header, w, hooks.progress)
+	}
 	if closeErr := snap.Close(context.WithoutCancel(ctx)); err == nil && closeErr != nil {
 		err = closeErr
 	}

@@ -8,9 +8,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
 )
 
 // How copied rows travel from the copying sessions to the consumer.
@@ -92,8 +94,16 @@ type copyRun struct {
 	tokens chan struct{}
 }
 
-// copyTables runs a copy of schema's tables in snapshot s.
+// copyTables runs a copy of schema's tables in snapshot s. A table the
+// role may not read is a *PrivilegeError with its GRANT.
 func (c *Conn) copyTables(ctx context.Context, s *Snapshot, schema *canonical.Schema, fn RowFunc, cfg CopyOptions) (err error) {
+	defer func(ctx context.Context) {
+		if pgerr.Is(err, pgerrcode.InsufficientPrivilege) {
+			ctx, cancel := cleanupContext(ctx)
+			defer cancel()
+			err = explainTablePrivileges(ctx, c.pool, err, schemaTables(schema), []string{"SELECT"}, "snapshots: copying each table's rows")
+		}
+	}(ctx)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lead, err := c.newSession(ctx)

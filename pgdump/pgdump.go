@@ -97,6 +97,9 @@ type DumpOptions struct {
 	SchemaOnly, DataOnly bool
 	// NoOwner and NoPrivileges leave out ownership and grants.
 	NoOwner, NoPrivileges bool
+	// NoPublications and NoSubscriptions leave out publications and
+	// subscriptions (--no-publications, --no-subscriptions).
+	NoPublications, NoSubscriptions bool
 	// Compression is pg_dump's --compress: "0" to "9" (gzip levels) or
 	// "none" on every release; from release 16 also a method with an
 	// optional level ("gzip:9", "lz4", "zstd:3") when pg_dump was built
@@ -183,6 +186,8 @@ func dumpArgs(o DumpOptions, format Format, dir string, v Version) ([]string, er
 	flag(o.DataOnly, "--data-only")
 	flag(o.NoOwner, "--no-owner")
 	flag(o.NoPrivileges, "--no-privileges")
+	flag(o.NoPublications, "--no-publications")
+	flag(o.NoSubscriptions, "--no-subscriptions")
 	if o.LockWaitTimeout > 0 {
 		value("--lock-wait-timeout", strconv.FormatInt(o.LockWaitTimeout.Milliseconds(), 10))
 	}
@@ -243,6 +248,9 @@ type RestoreOptions struct {
 	NoOwner bool
 	// NoPrivileges leaves grants out.
 	NoPrivileges bool
+	// NoPublications and NoSubscriptions leave the archive's publications
+	// and subscriptions out (--no-publications, --no-subscriptions).
+	NoPublications, NoSubscriptions bool
 	// Role makes pg_restore SET ROLE to it after connecting (--role): with
 	// NoOwner, the restored objects belong to it.
 	Role string
@@ -291,6 +299,12 @@ func restore(ctx context.Context, opts RestoreOptions, path string, r io.Reader)
 	}
 	if opts.NoPrivileges {
 		args = append(args, "--no-privileges")
+	}
+	if opts.NoPublications {
+		args = append(args, "--no-publications")
+	}
+	if opts.NoSubscriptions {
+		args = append(args, "--no-subscriptions")
 	}
 	if opts.Role != "" {
 		args = append(args, "--role="+opts.Role)
