@@ -60,6 +60,7 @@ func ExampleConn_Cutover() {
 
 	// The snapshot, then the changes, while the application writes.
 	replicaCtx, stopReplica := context.WithCancel(ctx)
+	defer stopReplica()
 	replicated, streaming := make(chan error, 1), make(chan struct{})
 	var loaded sync.Once
 	go func() {

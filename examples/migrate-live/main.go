@@ -34,7 +34,8 @@ import (
 // slotName names the migration's slot and publication on the source.
 const slotName = "siphon_migrate"
 
-// schema is the application's: the target gets the same tables, empty.
+// schema is the application's, on the source: Replicate copies it to the
+// target (CopySchema), which starts empty.
 const schema = `
 	CREATE TABLE accounts (id bigint PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL);
 	CREATE TABLE transfers (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -82,6 +83,7 @@ func run(ctx context.Context, out io.Writer) error {
 	var once, loaded bool
 	replica := startReplicate(ctx, src, target, siphon.ReplicateOptions{
 		Snapshot:         true,
+		CopySchema:       &siphon.CopySchemaOptions{},
 		ProgressInterval: 250 * time.Millisecond,
 		Progress: func(p siphon.ReplicateProgress) {
 			switch {
@@ -100,7 +102,7 @@ func run(ctx context.Context, out io.Writer) error {
 			}
 		},
 	})
-	fmt.Fprintln(out, "1. replicate    snapshot, then the stream from its Position, while the application writes")
+	fmt.Fprintln(out, "1. replicate    the schema and a snapshot, then the stream from its Position, while the application writes")
 	select {
 	case <-caughtUp:
 	case err := <-replica.done:
@@ -135,7 +137,11 @@ func run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "done in %v: point the application at the target\n", since(started))
 	// The demo drops its databases: forget the target's position of the
 	// source (replication origins are cluster-wide), then the slot.
-	return errors.Join(target.ResetAppliedPosition(ctx, env.systemID, slotName), src.Detach(ctx))
+	systemID, err := src.SystemID(ctx)
+	if err != nil {
+		return err
+	}
+	return errors.Join(target.ResetAppliedPosition(ctx, systemID, slotName), src.Detach(ctx))
 }
 
 // replica is Replicate running in the background.
@@ -208,7 +214,6 @@ func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisec
 type environment struct {
 	srv            *siphontest.Server
 	source, target string
-	systemID       string
 	cleanups       []func()
 }
 
@@ -241,12 +246,9 @@ func setUp(ctx context.Context, out io.Writer) (_ *environment, err error) {
 			return nil, err
 		}
 		env.cleanups = append(env.cleanups, func() { drop(context.Background()) })
-		if err := exec(ctx, dsn, schema); err != nil {
-			return nil, err
-		}
 		*db = dsn
 	}
-	err = exec(ctx, env.source, `
+	err = exec(ctx, env.source, schema+`
 		INSERT INTO accounts SELECT i, 'owner ' || i, 1000 FROM generate_series(1, 10000) i;
 		INSERT INTO transfers (from_id, to_id, amount) SELECT 1 + i % 10000, 1 + (i * 7) % 10000, (i % 500) / 10.0
 			FROM generate_series(1, 100000) i;
@@ -254,10 +256,7 @@ func setUp(ctx context.Context, out io.Writer) (_ *environment, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := queryRow(ctx, env.source, "SELECT system_identifier::text FROM pg_control_system()", nil, &env.systemID); err != nil {
-		return nil, err
-	}
-	fmt.Fprintln(out, "source: 10000 accounts, 100000 transfers; target: the same tables, empty")
+	fmt.Fprintln(out, "source: 10000 accounts, 100000 transfers; target: an empty database")
 	return env, nil
 }
 
