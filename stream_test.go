@@ -251,7 +251,7 @@ func TestStreamResumeGap(t *testing.T) {
 	require.ErrorAs(t, err, &gap, "resuming from before the slot's position")
 	assert.Equal(t, siphon.ResumeGapError{Slot: slot, Requested: pos1, Confirmed: pos2, Reason: siphon.GapBehindSlot}, *gap)
 	assert.Contains(t, err.Error(), "take a new snapshot")
-	assert.Less(t, time.Since(began), 5*time.Second, "the gap is found promptly")
+	assert.Less(t, time.Since(began), time.Minute, "the gap is found at the start, not after a timeout")
 	assert.Zero(t, emitted, "nothing emitted before the gap is reported")
 
 	_, err = c.StreamChanges(ctx, insertPosition(t, admin)+1<<32, count)

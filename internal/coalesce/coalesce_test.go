@@ -79,7 +79,7 @@ func TestCoalescingConnBurstThenTrickle(t *testing.T) {
 	n, err := io.ReadFull(r, buf[:4])
 	require.NoError(t, err)
 	assert.Equal(t, "tail", string(buf[:n]))
-	assert.Less(t, time.Since(began), 10*time.Second)
+	assert.Less(t, time.Since(began), time.Minute, "read, not left waiting for a mark nothing reaches")
 }
 
 // TestCoalescingConnDeadlineWakesReader: a read blocked on the socket
