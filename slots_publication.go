@@ -44,15 +44,22 @@ type userTable struct {
 }
 
 // usableIdentity is true for a table c (an ordinary or partitioned table)
-// every leaf of which has a usable replica identity.
+// every leaf of which has a usable replica identity. Its leaves are read
+// from pg_inherits, as the query's snapshot sees it (pg_partition_tree
+// would read the latest catalog, which a REPEATABLE READ transaction does
+// not see).
 const usableIdentity = `NOT EXISTS (
-         SELECT FROM (SELECT c.oid WHERE c.relkind = 'r'
-                      UNION ALL SELECT tree.relid FROM pg_partition_tree(c.oid) tree WHERE tree.isleaf AND c.relkind = 'p') AS leaves (oid)
-         JOIN pg_class l ON l.oid = leaves.oid
-         WHERE NOT CASE l.relreplident
+         WITH RECURSIVE tree (oid, leaf) AS (
+           SELECT c.oid, c.relkind = 'r'
+           UNION ALL
+           SELECT i.inhrelid, k.relkind <> 'p' FROM tree
+           JOIN pg_catalog.pg_inherits i ON i.inhparent = tree.oid JOIN pg_catalog.pg_class k ON k.oid = i.inhrelid
+           WHERE NOT tree.leaf)
+         SELECT FROM tree JOIN pg_catalog.pg_class l ON l.oid = tree.oid
+         WHERE tree.leaf AND NOT CASE l.relreplident
            WHEN 'f' THEN true
-           WHEN 'i' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
-           WHEN 'd' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
+           WHEN 'i' THEN EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
+           WHEN 'd' THEN EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
            ELSE false END)`
 
 // isUserTable is true for a table c (in schema n) that a publication may
@@ -298,15 +305,52 @@ func (c *Conn) publicationNames(ctx context.Context) (string, error) {
 	return c.opts.publication, nil
 }
 
+// publicationView is the publications and the tables they may hold, read
+// in one snapshot: read apart, a table created (and published by the
+// schema capture) or renamed between the two reads looks created after
+// the publication.
+type publicationView struct {
+	pub    publicationState
+	tables []userTable
+}
+
+// readPublicationView reads the publications and the tables in one
+// REPEATABLE READ transaction. Every catalog
+// read in it sees the same snapshot: a table created in a transaction
+// that has not committed yet is in neither, and one the schema capture
+// published in the transaction that created it is in both.
+func (c *Conn) readPublicationView(ctx context.Context) (publicationView, error) {
+	var v publicationView
+	err := pgx.BeginTxFunc(ctx, c.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		if v.pub, err = c.readPublications(ctx, tx); err != nil {
+			return err
+		}
+		if v.tables, err = c.readUserTables(ctx, tx); err != nil {
+			return errorf("siphon: check publication %q: %w", c.opts.publication, err)
+		}
+		return nil
+	})
+	return v, err
+}
+
 // checkPublication reports whether the publication exists, and an error
 // when it exists but differs from the options, or the tables drifted from
-// it: a table siphon would publish is missing (created after it), or a
-// published table lost its usable replica identity.
+// it (see checkView).
 func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
-	s, err := c.readPublications(ctx, c.pool)
-	if err != nil || !s.exists {
+	v, err := c.readPublicationView(ctx)
+	if err != nil || !v.pub.exists {
 		return false, err
 	}
+	return true, c.checkView(v)
+}
+
+// checkView returns a *PublicationMismatchError when the publication of v
+// differs from the options, or the tables drifted from it: a table siphon
+// would publish is missing (created after it), or a published table lost
+// its usable replica identity.
+func (c *Conn) checkView(v publicationView) error {
+	s := v.pub
 	mismatch := &PublicationMismatchError{Publication: c.opts.publication}
 	switch {
 	case s.flags != [4]bool{true, true, true, true}:
@@ -316,24 +360,20 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 	case c.opts.keyless == KeylessInsertsOnly && !s.inserts:
 		mismatch.Problem = fmt.Sprintf("has no companion %q for the inserts of tables without a usable replica identity, which KeylessInsertsOnly needs", c.opts.publication+insertsSuffix)
 	case s.allTables:
-		return true, nil // made by an older siphon; Preflight reports the risk
+		return nil // made by an older siphon; Preflight reports the risk
 	}
 	if mismatch.Problem != "" {
-		return true, mismatch
+		return mismatch
 	}
-	tables, err := c.readUserTables(ctx, c.pool)
-	if err != nil {
-		return true, errorf("siphon: check publication %q: %w", c.opts.publication, err)
-	}
-	if err := c.checkNamedTablesExist(tables); err != nil {
-		return true, err
+	if err := c.checkNamedTablesExist(v.tables); err != nil {
+		return err
 	}
 	published := append(slices.Clone(s.main), s.insertsOnly...)
 	if len(c.tables) > 0 && !sameTables(published, c.tables) {
 		mismatch.Problem = "publishes " + tableList(published) + ", but WithTables names " + tableList(c.tables)
-		return true, mismatch
+		return mismatch
 	}
-	for _, t := range tables {
+	for _, t := range v.tables {
 		switch {
 		case !t.usable && slices.Contains(s.main, t.name) && c.opts.keyless != KeylessFull:
 			mismatch.Unsafe = append(mismatch.Unsafe, t.name)
@@ -342,7 +382,7 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 		}
 	}
 	if len(mismatch.Missing)+len(mismatch.Unsafe) == 0 {
-		return true, nil
+		return nil
 	}
 	var problems []string
 	if len(mismatch.Missing) > 0 {
@@ -354,7 +394,7 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 	}
 	mismatch.Problem = strings.Join(problems, ", and ")
 	mismatch.Fix = "run SyncPublication to bring the publication in line (then copy the rows of the tables it adds: a snapshot of them)"
-	return true, mismatch
+	return mismatch
 }
 
 // SyncPublication brings siphon's publication in line with the tables of
