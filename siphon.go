@@ -69,11 +69,14 @@
 //
 // Slots: creating one waits for every transaction holding a transaction ID.
 // siphon bounds that wait, names the blocking sessions in a
-// [*SlotBlockedError], and leaves no slot, session or lock behind on failure.
+// [*SlotBlockedError], and leaves no slot, session or lock behind on failure,
+// nor the publication the failed call created for the slot.
 // A role without the REPLICATION privilege that may grant it (CREATEROLE)
 // gets it from siphon itself, once, logged at Warn; a full
 // max_replication_slots is mended once by dropping siphon's base slots that
-// lost their WAL, never a live chain's.
+// lost their WAL, never a live chain's. [Conn.Detach] removes what the role
+// may remove and returns a [*DetachIncompleteError] naming what stays and
+// who may remove it.
 //
 // # What is and is not captured
 //
@@ -116,8 +119,8 @@
 // it (as [WithKeylessTables] says), so the application's statements never
 // fail; a table created earlier and filled before it had a key is drift
 // ([Conn.SyncPublication]). The trigger never makes the application's DDL
-// fail, and [Conn.Detach] removes it with the last publication it looks
-// after. Without it (not installed, or [WithoutSchemaCapture]), apply
+// fail; the [Conn.Detach] that drops the database's last change-stream slot
+// removes it, with the publications it looks after. Without it (not installed, or [WithoutSchemaCapture]), apply
 // follows the column changes the stream
 // shows where that is exact (a nullable column added without a default, a
 // column dropped) and stops at any other with a

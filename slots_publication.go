@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -135,40 +136,106 @@ func (c *Conn) plan(tables []userTable) (publicationPlan, error) {
 
 // ensurePublication creates the publication when it is missing (see the
 // top of this file), and otherwise checks that it matches the options and
-// the tables (see checkPublication).
-func (c *Conn) ensurePublication(ctx context.Context) error {
+// the tables (see checkPublication). It returns what it created, for
+// undoPublication, or nil.
+func (c *Conn) ensurePublication(ctx context.Context) (*madePublication, error) {
 	found, err := c.checkPublication(ctx)
 	if err != nil || found {
-		return err
+		return nil, err
 	}
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.createPublication(ctx, tx) })
+	made := &madePublication{}
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.createPublication(ctx, tx, made) })
 	if err == nil {
-		_, err = c.ensureCapture(ctx) // before any slot: no schema change after it is missed
-		return err
+		if _, err = c.ensureCapture(ctx); err != nil { // before any slot: no schema change after it is missed
+			return nil, c.undoPublication(ctx, made, err)
+		}
+		return made, nil
 	}
+	if pgerr.Is(err, pgerrcode.DuplicateObject, pgerrcode.UniqueViolation) { // created meanwhile
+		_, err := c.checkPublication(ctx)
+		return nil, err
+	}
+	var identity *ReplicaIdentityError
+	if errors.As(err, &identity) {
+		return nil, err
+	}
+	hint := ""
+	if pgerr.Is(err, pgerrcode.InsufficientPrivilege) {
+		hint = ": the role must own the tables (or be a superuser), and have CREATE on the database"
+	}
+	return nil, errorf("siphon: create publication %q%s: %w", c.opts.publication, hint, err)
+}
+
+// madePublication is a publication a call created, with the change-stream
+// slots of the database when it did: a slot made since may read it.
+type madePublication struct {
+	slots []string
+}
+
+// streamSlotsQuery lists the slots of the database that may read a
+// publication: its pgoutput slots, temporary ones left out.
+const streamSlotsQuery = `SELECT slot_name::text FROM pg_replication_slots
+	WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database() AND NOT temporary
+	ORDER BY 1`
+
+// streamSlots runs streamSlotsQuery.
+func streamSlots(ctx context.Context, q querier) ([]string, error) {
+	rows, err := q.Query(ctx, streamSlotsQuery)
 	if err != nil {
-		if pgerr.Is(err, pgerrcode.DuplicateObject, pgerrcode.UniqueViolation) { // created meanwhile
-			_, err := c.checkPublication(ctx)
-			return err
-		}
-		var identity *ReplicaIdentityError
-		if errors.As(err, &identity) {
-			return err
-		}
-		hint := ""
-		if pgerr.Is(err, pgerrcode.InsufficientPrivilege) {
-			hint = ": the role must own the tables (or be a superuser), and have CREATE on the database"
-		}
-		return errorf("siphon: create publication %q%s: %w", c.opts.publication, hint, err)
+		return nil, fmt.Errorf("list the slots of the database: %w", err)
 	}
-	return nil
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list the slots of the database: %w", err)
+	}
+	return names, nil
+}
+
+// undoPublication drops the publication made created, when the call that
+// created it failed (cause) before its slot existed, so that a failed
+// call leaves nothing behind: a role without REPLICATION that calls
+// CurrentPosition creates the publication, then cannot create the slot.
+// It runs under the slot-management lock, so that no slot is created
+// meanwhile, and keeps the publication when a slot made since it was
+// created may read it. It returns cause, saying what it did.
+func (c *Conn) undoPublication(ctx context.Context, made *madePublication, cause error) error {
+	if made == nil {
+		return cause
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.slotRetry.LockTimeout)
+	defer cancel()
+	kept := func(why string) error {
+		return fmt.Errorf("%w (the publication %q this call created stays: %s; drop it with Detach or DROP PUBLICATION)", cause, c.opts.publication, why)
+	}
+	lock, err := c.lockSlots(ctx, time.Now().Add(c.opts.slotRetry.LockTimeout))
+	if err != nil {
+		return kept("could not take the slot-management lock to drop it: " + err.Error())
+	}
+	defer lock.release()
+	slots, err := streamSlots(ctx, lock.conn)
+	if err != nil {
+		return kept(err.Error())
+	}
+	if since := slices.DeleteFunc(slots, func(s string) bool { return slices.Contains(made.slots, s) }); len(since) > 0 {
+		return kept(fmt.Sprintf("slots created since may read it (%s)", strings.Join(since, ", ")))
+	}
+	if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(c.opts.publication)+", "+
+		sqltext.Ident(c.opts.publication+insertsSuffix)); err != nil {
+		return kept("dropping it failed: " + err.Error())
+	}
+	c.log.Info("publication dropped: the call that created it failed", "publication", c.opts.publication)
+	return fmt.Errorf("%w (the publication %q this call created was dropped again)", cause, c.opts.publication)
 }
 
 // createPublication creates the publication (and the inserts-only one)
-// for the tables of today, in tx.
-func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx) error {
+// for the tables of today, in tx, and records the slots of the database
+// in made.
+func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePublication) error {
 	tables, err := c.readUserTables(ctx, tx)
 	if err != nil {
+		return err
+	}
+	if made.slots, err = streamSlots(ctx, tx); err != nil {
 		return err
 	}
 	if err := c.checkNamedTablesExist(tables); err != nil {
@@ -410,7 +477,7 @@ func (c *Conn) SyncPublication(ctx context.Context) ([]canonical.TableName, erro
 		return nil, errorf("siphon: sync publication %q: it holds the WithTables tables, which SyncPublication leaves as they are: adjust it with ALTER PUBLICATION", c.opts.publication)
 	}
 	var added []canonical.TableName
-	err := c.ensurePublication(ctx)
+	_, err := c.ensurePublication(ctx)
 	var mismatch *PublicationMismatchError
 	if errors.As(err, &mismatch) && mismatch.Fix != "" { // drift: what SyncPublication is for
 		err = nil

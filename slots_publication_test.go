@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -224,4 +226,135 @@ func streamToMarker(ctx context.Context, t *testing.T, c *siphon.Conn, admin *pg
 		}
 		return nil
 	})
+}
+
+// siphonObjects lists what siphon may leave in a database: publications,
+// replication slots, and the schema capture's objects (captureObjects).
+func siphonObjects(t *testing.T, conn *pgx.Conn) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT 'publication ' || pubname FROM pg_publication
+		UNION ALL SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE database = current_database()`)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	names = append(names, captureObjects(t, conn)...)
+	slices.Sort(names)
+	return names
+}
+
+// TestNothingLeftByARoleWithoutReplication attaches as a role that owns its
+// tables but lacks REPLICATION: CurrentPosition creates the publication,
+// fails on the slot, drops the publication again and says who must grant
+// REPLICATION; Detach then succeeds. Where a superuser made the slot and
+// the publication for the same options, the role's Detach removes what it
+// may and returns a *DetachIncompleteError naming what stays and who may
+// remove it: first the slot (and the publication it reads), then, with
+// REPLICATION granted, the superuser's publication; the superuser's Detach
+// removes that.
+func TestNothingLeftByARoleWithoutReplication(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	roleDSN, admin := sourceRoleWith(t, "NOREPLICATION")
+	roleConn := connectOrFail(t, roleDSN)
+	var role string
+	require.NoError(t, roleConn.QueryRow(ctx, "SELECT current_user").Scan(&role))
+	dsn := strings.Replace(roleDSN, role+":plain-pw-1234@", "postgres@", 1)
+	execSQL(t, roleConn,
+		`CREATE TABLE accounts (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, owner text NOT NULL)`,
+		`CREATE TABLE entries (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int NOT NULL REFERENCES accounts, amount numeric)`,
+		`CREATE FUNCTION no_zero() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.amount = 0 THEN RETURN NULL; END IF; RETURN NEW; END $$`,
+		`CREATE TRIGGER no_zero BEFORE INSERT ON entries FOR EACH ROW EXECUTE FUNCTION no_zero()`)
+	slot := streamSlot(t)
+	opts := []siphon.Option{siphon.WithSlot(slot), siphon.WithPublication(slot)}
+
+	c := connect(t, roleDSN, opts...)
+	_, err := c.CurrentPosition(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "lacks the REPLICATION privilege")
+	assert.Contains(t, err.Error(), `have a superuser run ALTER ROLE "`+role+`" WITH REPLICATION`)
+	assert.Contains(t, err.Error(), fmt.Sprintf("the publication %q this call created was dropped again", slot))
+	assert.Empty(t, siphonObjects(t, admin), "a failed CurrentPosition leaves nothing")
+	require.NoError(t, c.Detach(ctx), "Detach with nothing to remove")
+
+	// A superuser made the slot and the publication for the same options.
+	super := connect(t, dsn, opts...)
+	_, err = super.CurrentPosition(ctx)
+	require.NoError(t, err)
+	err = c.Detach(ctx)
+	var incomplete *siphon.DetachIncompleteError
+	require.ErrorAs(t, err, &incomplete)
+	assert.Empty(t, incomplete.Removed)
+	require.Len(t, incomplete.Remaining, 2, err.Error())
+	assert.Contains(t, incomplete.Remaining[0], fmt.Sprintf("slot %q: dropping it needs the REPLICATION privilege", slot))
+	assert.Contains(t, incomplete.Remaining[0], `ALTER ROLE "`+role+`" WITH REPLICATION`)
+	assert.Contains(t, incomplete.Remaining[1], fmt.Sprintf("publication %q: kept while the slot", slot))
+	assert.Equal(t, []string{"publication " + slot, "slot " + slot}, siphonObjects(t, admin), "nothing was removed")
+
+	execSQL(t, admin, "ALTER ROLE "+role+" WITH REPLICATION")
+	err = c.Detach(ctx)
+	require.ErrorAs(t, err, &incomplete)
+	assert.Equal(t, []string{fmt.Sprintf("slot %q", slot)}, incomplete.Removed)
+	require.Len(t, incomplete.Remaining, 1, err.Error())
+	assert.Contains(t, incomplete.Remaining[0], fmt.Sprintf(`publication %q: only its owner "postgres" or a superuser may drop it`, slot))
+	assert.Contains(t, err.Error(), "call Detach again once that is done")
+	assert.Equal(t, []string{"publication " + slot}, siphonObjects(t, admin))
+
+	require.NoError(t, super.Detach(ctx))
+	assert.Empty(t, siphonObjects(t, admin))
+	require.NoError(t, c.Close())
+	require.NoError(t, super.Close())
+	assertNoLeaks(t, dsn)
+}
+
+// TestLastDetachRemovesEverything runs two Conns on one database, each
+// with its slot and publication, and the schema capture a superuser
+// installed for both; both stream a change, then detach, in either order.
+// The first Detach keeps the capture (the other publication still has its
+// slot); the last one removes every publication, event trigger, function
+// and schema siphon, whatever the order.
+func TestLastDetachRemovesEverything(t *testing.T) {
+	t.Parallel()
+	for _, order := range []string{"first made, first detached", "last made, first detached"} {
+		t.Run(order, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dsn, admin := newDatabase(t)
+			execSQL(t, admin,
+				`CREATE TABLE authors (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name text NOT NULL)`,
+				`CREATE TABLE books (id int PRIMARY KEY, author int REFERENCES authors ON DELETE CASCADE, title text)`,
+				`CREATE TABLE reads (book int, at timestamptz DEFAULT now())`) // keyless
+			var conns [2]*siphon.Conn
+			var starts [2]canonical.Position
+			for i := range conns {
+				pub := fmt.Sprintf("%s_%d", streamSlot(t), i)
+				conns[i], _, starts[i] = captureConnAt(t, dsn, siphon.WithPublication(pub))
+			}
+			execSQL(t, admin, `INSERT INTO authors (name) VALUES ('ada')`, `INSERT INTO books VALUES (1, 1, 'notes')`,
+				`ALTER TABLE books ADD COLUMN pages int`)
+			for i, c := range conns {
+				changes, _ := streamUntilMarker(t, admin, c, starts[i], fmt.Sprint("end", i))
+				assert.Len(t, ddlOf(changes), 1, "each publication carries the schema change")
+			}
+			first, last := conns[0], conns[1]
+			if order == "last made, first detached" {
+				first, last = last, first
+			}
+			require.NoError(t, first.Detach(ctx))
+			assert.Contains(t, siphonObjects(t, admin), "event trigger siphon_capture_ddl", "the capture stays while a slot reads a publication it looks after")
+			require.NoError(t, last.Detach(ctx))
+			assert.Empty(t, siphonObjects(t, admin), "the last Detach leaves nothing of siphon's")
+			execSQL(t, admin, `CREATE TABLE after_detach (id int PRIMARY KEY)`)
+			for _, c := range conns {
+				require.NoError(t, c.Close())
+			}
+			assertNoLeaks(t, dsn)
+		})
+	}
+}
+
+// streamUntilMarker writes a marker and streams c from from up to it.
+func streamUntilMarker(t *testing.T, admin *pgx.Conn, c *siphon.Conn, from canonical.Position, marker string) ([]canonical.Change, canonical.Position) {
+	t.Helper()
+	emitMarker(t, admin, marker)
+	return streamUntil(t, c, from, marker)
 }
