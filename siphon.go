@@ -90,6 +90,11 @@
 // unlogged and temporary tables, and generated columns (the target
 // computes them). Full backups (pg_dump) include large objects.
 //
+// Partitioned tables: each partition's rows and changes carry the
+// partition's own name, unless [WithPartitionRoots] makes them carry the
+// partitioned table's (PostgreSQL's publish_via_partition_root): then a
+// target needs only the root, partitioned as it likes or not at all.
+//
 // # Schema changes
 //
 // Logical decoding carries no DDL, so siphon captures it with an event
@@ -391,8 +396,9 @@ ORDER BY n.nspname, c.relname`
 // nullability) in order, generated columns left out; its primary key; its
 // replica identity and the
 // columns that identify a row in old values; and whether it is a partitioned
-// parent or a partition. A table named by WithTables that does not exist is
-// an error.
+// parent or a partition. With [WithPartitionRoots], partitions are left out
+// (their rows are the root's), unless WithTables names them. A table named
+// by WithTables that does not exist is an error.
 func (c *Conn) InspectSchema(ctx context.Context) (*canonical.Schema, error) {
 	rows, err := c.pool.Query(ctx, inspectQuery)
 	if err != nil {
@@ -405,7 +411,9 @@ func (c *Conn) InspectSchema(ctx context.Context) (*canonical.Schema, error) {
 			rows.Close()
 			return nil, errorf("siphon: inspect schema: %w", err)
 		}
-		all = append(all, t)
+		if t.PartitionOf == nil || !c.opts.partitionRoots || len(c.tables) > 0 {
+			all = append(all, t)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, errorf("siphon: inspect schema: %w", err)

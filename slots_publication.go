@@ -252,7 +252,7 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePubli
 	if len(p.main) > 0 {
 		stmt += " FOR TABLE " + tableList(p.main)
 	}
-	if _, err := tx.Exec(ctx, stmt); err != nil {
+	if _, err := tx.Exec(ctx, stmt+" WITH ("+c.viaRootOption()+")"); err != nil {
 		return err
 	}
 	if c.opts.keyless == KeylessInsertsOnly {
@@ -260,7 +260,7 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePubli
 		if len(p.inserts) > 0 {
 			stmt += " FOR TABLE " + tableList(p.inserts)
 		}
-		if _, err := tx.Exec(ctx, stmt+" WITH (publish = 'insert, truncate')"); err != nil {
+		if _, err := tx.Exec(ctx, stmt+" WITH (publish = 'insert, truncate', "+c.viaRootOption()+")"); err != nil {
 			return err
 		}
 	}
@@ -310,19 +310,28 @@ func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.T
 	return nil
 }
 
+// viaRootOption is the publications' publish_via_partition_root, as
+// WithPartitionRoots says.
+func (c *Conn) viaRootOption() string {
+	return fmt.Sprintf("publish_via_partition_root = %v", c.opts.partitionRoots)
+}
+
 // publicationState is what the publications hold.
 type publicationState struct {
 	exists, allTables, inserts bool // the main publication; FOR ALL TABLES; the inserts-only one
 	capture                    bool // the main one holds the schema capture's table
 	flags                      [4]bool
-	main, insertsOnly          []canonical.TableName
+	// allViaRoot: every publication that exists publishes partitions
+	// under their roots (publish_via_partition_root); anyViaRoot: one does.
+	allViaRoot, anyViaRoot bool
+	main, insertsOnly      []canonical.TableName
 }
 
 // readPublications reads the publication and its inserts-only companion.
 func (c *Conn) readPublications(ctx context.Context, q querier) (publicationState, error) {
 	var s publicationState
 	rows, err := q.Query(ctx, `
-		SELECT p.pubname = $1, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
+		SELECT p.pubname = $1, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot,
 		       coalesce((SELECT array_agg(n.nspname::text ORDER BY n.nspname, c.relname) FROM pg_publication_rel r
 		                 JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		                 WHERE r.prpubid = p.oid), '{}'),
@@ -334,13 +343,15 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 		return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 	}
 	defer rows.Close()
+	s.allViaRoot = true
 	for rows.Next() {
-		var isMain, all bool
+		var isMain, all, viaRoot bool
 		var flags [4]bool
 		var schemas, names []string
-		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &schemas, &names); err != nil {
+		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &viaRoot, &schemas, &names); err != nil {
 			return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 		}
+		s.allViaRoot, s.anyViaRoot = s.allViaRoot && viaRoot, s.anyViaRoot || viaRoot
 		tables := make([]canonical.TableName, len(names))
 		for i := range names {
 			tables[i] = canonical.TableName{Schema: schemas[i], Name: names[i]}
@@ -426,6 +437,15 @@ func (c *Conn) checkView(v publicationView) error {
 		mismatch.Problem = "publishes all tables, but WithTables names " + tableList(c.tables)
 	case c.opts.keyless == KeylessInsertsOnly && !s.inserts:
 		mismatch.Problem = fmt.Sprintf("has no companion %q for the inserts of tables without a usable replica identity, which KeylessInsertsOnly needs", c.opts.publication+insertsSuffix)
+	case c.viaRootDiffers(s):
+		if c.opts.partitionRoots {
+			mismatch.Problem = "publishes the rows of partitioned tables under their partitions' names (publish_via_partition_root is off), but WithPartitionRoots asks for their roots"
+			mismatch.Fix = "run SyncPublication, which sets publish_via_partition_root = true: the stream names the roots from then on, so the targets must have them (a snapshot taken since names them too)"
+		} else {
+			mismatch.Problem = "publishes the rows of partitioned tables under their roots (publish_via_partition_root is on), but the Conn was made without WithPartitionRoots"
+			mismatch.Fix = "connect WithPartitionRoots, or run SyncPublication, which sets publish_via_partition_root = false: the stream names the partitions from then on"
+		}
+		return mismatch
 	case s.allTables:
 		return nil // made by an older siphon; Preflight reports the risk
 	}
@@ -464,17 +484,56 @@ func (c *Conn) checkView(v publicationView) error {
 	return mismatch
 }
 
+// viaRootDiffers reports whether the publications of s do not publish
+// partitions as WithPartitionRoots says.
+func (c *Conn) viaRootDiffers(s publicationState) bool {
+	if c.opts.partitionRoots {
+		return !s.allViaRoot
+	}
+	return s.anyViaRoot
+}
+
+// syncViaRoot sets publish_via_partition_root on the publications that
+// exist as WithPartitionRoots says, in tx.
+func (c *Conn) syncViaRoot(ctx context.Context, tx pgx.Tx) error {
+	s, err := c.readPublications(ctx, tx)
+	if err != nil || !c.viaRootDiffers(s) {
+		return err
+	}
+	pubs := []string{c.opts.publication}
+	if s.inserts {
+		pubs = append(pubs, c.opts.publication+insertsSuffix)
+	}
+	for _, pub := range pubs {
+		if _, err := tx.Exec(ctx, "ALTER PUBLICATION "+sqltext.Ident(pub)+" SET ("+c.viaRootOption()+")"); err != nil {
+			return err
+		}
+	}
+	c.log.Info("publication set to publish partitions as WithPartitionRoots says", "publication", c.opts.publication, "via_root", c.opts.partitionRoots)
+	return nil
+}
+
 // SyncPublication brings siphon's publication in line with the tables of
 // today: it adds the tables created since it was made (when it publishes
 // every table), and moves tables that lost their usable replica identity
 // as [WithKeylessTables] says. It returns the tables it added: their
 // changes before now were not captured, so copy their rows (a
 // [Snapshot] of them, with [Snapshot.CopyTables]) before applying what
-// streams after. A publication of [WithTables] tables is left as it is:
-// adjust it with ALTER PUBLICATION.
+// streams after. It also sets the publications' publish_via_partition_root
+// as [WithPartitionRoots] says. A publication of [WithTables] tables keeps
+// its tables: SyncPublication sets only publish_via_partition_root there,
+// and returns an error when its tables differ from WithTables (adjust them
+// with ALTER PUBLICATION).
 func (c *Conn) SyncPublication(ctx context.Context) ([]canonical.TableName, error) {
 	if len(c.tables) > 0 {
-		return nil, errorf("siphon: sync publication %q: it holds the WithTables tables, which SyncPublication leaves as they are: adjust it with ALTER PUBLICATION", c.opts.publication)
+		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.syncViaRoot(ctx, tx) })
+		if err == nil {
+			_, err = c.checkPublication(ctx)
+		}
+		if err != nil {
+			return nil, errorf("siphon: sync publication %q: it holds the WithTables tables, which SyncPublication leaves as they are: adjust it with ALTER PUBLICATION: %w", c.opts.publication, err)
+		}
+		return nil, nil
 	}
 	var added []canonical.TableName
 	_, err := c.ensurePublication(ctx)
@@ -500,6 +559,9 @@ func (c *Conn) SyncPublication(ctx context.Context) ([]canonical.TableName, erro
 // syncPublication makes the publications hold what plan says of the tables
 // of today, in tx, and returns the tables it added.
 func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.TableName, error) {
+	if err := c.syncViaRoot(ctx, tx); err != nil {
+		return nil, err
+	}
 	s, err := c.readPublications(ctx, tx)
 	if err != nil || s.allTables {
 		return nil, err
