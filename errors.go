@@ -497,6 +497,28 @@ func (e *PublicationMismatchError) Error() string {
 	return fmt.Sprintf("siphon: publication %q %s: %s", e.Publication, e.Problem, fix)
 }
 
+// DetachIncompleteError is returned by [Conn.Detach] when it removed what
+// the role may remove but some of what siphon made for the Conn stays on
+// the source: the role may not drop the slot (it lacks REPLICATION, and
+// the publication the slot reads stays with it) or the publication (another
+// role owns it). Once the role named in Remaining has removed it, or the
+// role was given what it lacked, Detach again removes the rest.
+type DetachIncompleteError struct {
+	// Removed lists what this Detach removed, such as `slot "cdc"`.
+	Removed []string
+	// Remaining lists what stays, each with why and who may remove it.
+	Remaining []string
+}
+
+func (e *DetachIncompleteError) Error() string {
+	removed := "nothing"
+	if len(e.Removed) > 0 {
+		removed = strings.Join(e.Removed, " and ")
+	}
+	return fmt.Sprintf("siphon: detach removed %s; what stays: %s; call Detach again once that is done",
+		removed, strings.Join(e.Remaining, "; "))
+}
+
 // ReplicaIdentityError reports tables named by [WithTables] that have no
 // usable replica identity, which siphon will not publish without being
 // told how (see [WithKeylessTables]): the application's UPDATE and DELETE

@@ -40,6 +40,9 @@ type options struct {
 	keylessChosen bool
 	// noSchemaCapture: do not install the capture of schema changes.
 	noSchemaCapture bool
+	// partitionRoots: publish partitions under their roots
+	// (WithPartitionRoots).
+	partitionRoots bool
 	// trustedSchemaRoles are the source roles whose
 	// schema changes apply runs; roleDependentSchemaChanges lets it run
 	// statements whose meaning depends on who runs them.
@@ -270,6 +273,28 @@ func WithTriggersOnApply() Option { return func(o *options) { o.triggersOnApply 
 // installed it for its publication (nothing installs it on its own).
 func WithoutSchemaCapture() Option {
 	return func(o *options) { o.noSchemaCapture, o.source = true, true }
+}
+
+// WithPartitionRoots makes siphon carry the rows of a partitioned table
+// under the table itself (its root), never under its partitions: the
+// publication siphon creates publishes with PostgreSQL's
+// publish_via_partition_root, so the change stream, [Conn.BackupIncremental]
+// and [Conn.Replicate] name the root; [Conn.InspectSchema] lists roots, not
+// partitions (unless [WithTables] names one), so snapshots
+// ([Snapshot.CopyTables], [Conn.EmitCanonical]) deliver every partition's
+// rows as the root's. A target then needs only the root, partitioned as it
+// likes (other bounds, another number of partitions) or not at all: apply
+// inserts through the root, an update that moves a row between partitions
+// arrives as a delete and an insert, and a TRUNCATE of the root empties the
+// target's. PostgreSQL does not publish a TRUNCATE of a single partition
+// under this setting: truncate the root, or delete the partition's rows.
+// A publication that exists without the setting (or with it, for a Conn
+// without this option) is refused at every stream start with a
+// [*PublicationMismatchError]; [Conn.SyncPublication] sets it, after which
+// the stream names the roots from that point on. Defaults to off: each
+// partition's rows and changes carry the partition's own (leaf) name.
+func WithPartitionRoots() Option {
+	return func(o *options) { o.partitionRoots, o.source = true, true }
 }
 
 var slotNamePattern = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)

@@ -311,17 +311,18 @@ func (c *Conn) capacityChecks(ctx context.Context) ([]Check, error) {
 // usable replica identity.
 func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
 	pub := Check{Name: CheckPublication, Status: CheckOK, Needed: "choosing what the change stream and snapshots carry"}
-	s, err := c.readPublications(ctx, c.pool)
+	v, err := c.readPublicationView(ctx)
 	if err != nil {
 		return nil, err
 	}
-	tables, err := c.readUserTables(ctx, c.pool)
-	if err != nil {
-		return nil, err
+	s, tables := v.pub, v.tables
+	var drift error
+	if s.exists {
+		drift = c.checkView(v)
 	}
-	switch _, err := c.checkPublication(ctx); {
-	case err != nil:
-		pub.Status, pub.Found = CheckFailed, err.Error()
+	switch {
+	case drift != nil:
+		pub.Status, pub.Found = CheckFailed, drift.Error()
 		pub.Fix = "see the error: SyncPublication or ALTER PUBLICATION, or name another publication with WithPublication"
 	case s.exists:
 		pub.Found = fmt.Sprintf("publication %q exists and matches the options", c.opts.publication)

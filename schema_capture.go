@@ -267,10 +267,13 @@ func (c *Conn) ensureCapture(ctx context.Context) (bool, error) {
 
 // removeCapture stops the capture looking after c's publication once it
 // is gone and, when no publication it looks after exists any more, removes
-// it. Only a superuser may: for any other role the capture stays as it is,
-// and removeCapture says so at Warn and returns nil (the role's own
-// objects are gone; the capture is the superuser's).
-func (c *Conn) removeCapture(ctx context.Context, q querier) error {
+// it. With lastSlot (no change-stream slot of the database remains), the
+// publications it looks after are read by no slot: it drops them first,
+// so that the last Detach removes everything whatever the order in which
+// Conns detached. Only a superuser may: for any other role the capture
+// stays as it is, and removeCapture says so at Warn and returns nil (the
+// role's own objects are gone; the capture is the superuser's).
+func (c *Conn) removeCapture(ctx context.Context, q querier, lastSlot bool) error {
 	s, err := c.readCapture(ctx, q)
 	if err != nil {
 		return err
@@ -288,6 +291,11 @@ func (c *Conn) removeCapture(ctx context.Context, q querier) error {
 	}
 	if len(s.foreign) > 0 {
 		return s.foreignError()
+	}
+	if lastSlot {
+		if err := dropCapturePublications(ctx, q); err != nil {
+			return err
+		}
 	}
 	var live int
 	err = q.QueryRow(ctx, `WITH gone AS (DELETE FROM siphon.capture_publications r
@@ -315,6 +323,30 @@ func (c *Conn) removeCapture(ctx context.Context, q querier) error {
 	// bookkeeping may).
 	if _, err := q.Exec(ctx, "DROP SCHEMA IF EXISTS siphon"); err != nil && !pgerr.Is(err, pgerrcode.DependentObjectsStillExist) {
 		return err
+	}
+	return nil
+}
+
+// dropCapturePublications drops the publications the capture looks after
+// (siphon's: InstallSchemaCapture registered them), once no slot of the
+// database may read them.
+func dropCapturePublications(ctx context.Context, q querier) error {
+	rows, err := q.Query(ctx, `SELECT p.pubname::pg_catalog.text FROM siphon.capture_publications r
+		JOIN pg_catalog.pg_publication p ON p.pubname IN (r.publication, r.inserts_publication) ORDER BY 1`)
+	var names []string
+	if err == nil {
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	switch {
+	case pgerr.Is(err, pgerrcode.UndefinedTable): // schema siphon holds an apply's bookkeeping only
+		return nil
+	case err != nil:
+		return fmt.Errorf("list the publications the capture looks after: %w", err)
+	}
+	for _, name := range names {
+		if _, err := q.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(name)); err != nil {
+			return fmt.Errorf("drop publication %q, which no slot reads any more: %w", name, err)
+		}
 	}
 	return nil
 }

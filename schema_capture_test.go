@@ -142,6 +142,8 @@ func TestSchemaCaptureLifecycle(t *testing.T) {
 	execSQL(t, admin, `CREATE TABLE after_the_slot (id int)`, `DROP TABLE siphon.schema_changes`, `CREATE TABLE with_a_broken_capture (id int)`)
 	require.NoError(t, c.InstallSchemaCapture(ctx), "installing again repairs it")
 	assert.Contains(t, captureObjects(t, admin), "relation siphon.schema_changes")
+	_, err = c.CurrentPosition(ctx) // c streams on, from a new slot
+	require.NoError(t, err)
 
 	require.NoError(t, other.Detach(ctx))
 	assert.Contains(t, captureObjects(t, admin), "event trigger siphon_capture_ddl", "the capture stays for c's publication")
@@ -155,9 +157,16 @@ func TestSchemaCaptureLifecycle(t *testing.T) {
 // session on that database.
 func sourceRole(t *testing.T) (string, *pgx.Conn) {
 	t.Helper()
+	return sourceRoleWith(t, "REPLICATION")
+}
+
+// sourceRoleWith is sourceRole for a role with the attribute given
+// (REPLICATION or NOREPLICATION).
+func sourceRoleWith(t *testing.T, replication string) (string, *pgx.Conn) {
+	t.Helper()
 	dsn, admin := newDatabase(t)
 	role := fmt.Sprintf("source_plain_%d_%d", os.Getpid(), roleSeq.Add(1))
-	execSQL(t, admin, "CREATE ROLE "+role+" LOGIN REPLICATION PASSWORD 'plain-pw-1234'",
+	execSQL(t, admin, "CREATE ROLE "+role+" LOGIN "+replication+" PASSWORD 'plain-pw-1234'",
 		"GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, admin)}.Sanitize()+" TO "+role,
 		"GRANT CREATE ON SCHEMA public TO "+role)
 	t.Cleanup(func() {

@@ -2,7 +2,9 @@ package siphon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -86,8 +88,15 @@ func (c *Conn) readSequences(ctx context.Context) ([]canonical.Sequence, error) 
 			"sequences", tableList(unreadable))
 	}
 	states, err := readSequenceStates(ctx, c.pool, seqs)
-	if err != nil {
-		return nil, err
+	for err != nil {
+		// A sequence dropped since the list (a deploy dropping a table with
+		// an identity column) is not carried: it is gone on the source too.
+		var missing *missingSequenceError
+		if !errors.As(err, &missing) {
+			return nil, err
+		}
+		seqs = slices.Delete(seqs, missing.index, missing.index+1)
+		states, err = readSequenceStates(ctx, c.pool, seqs)
 	}
 	for i := range seqs {
 		seqs[i].Value, seqs[i].Called = states[i].value, states[i].called
@@ -101,8 +110,14 @@ type sequenceBatch interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// readSequenceStates reads the state of seqs, in one round trip. A
-// sequence that does not exist has a zero increment.
+// missingSequenceError is readSequenceStates' error for the sequence
+// seqs[index], which does not exist.
+type missingSequenceError struct{ index int }
+
+func (e *missingSequenceError) Error() string { return "the sequence does not exist" }
+
+// readSequenceStates reads the state of seqs, in one round trip, and
+// returns a *missingSequenceError for the first that does not exist.
 func readSequenceStates(ctx context.Context, q sequenceBatch, seqs []canonical.Sequence) ([]sequenceState, error) {
 	states := make([]sequenceState, len(seqs))
 	if len(seqs) == 0 {
@@ -127,7 +142,7 @@ func readSequenceStates(ctx context.Context, q sequenceBatch, seqs []canonical.S
 		err := br.QueryRow().Scan(&states[i].value, &states[i].called, &states[i].increment, &states[i].settable)
 		switch {
 		case pgerr.Is(err, pgerrcode.UndefinedTable):
-			return nil, &SchemaIncompatibleError{Table: s.TableName(), Problem: "the sequence does not exist in the target database: create it there (same DDL as the source)"}
+			return nil, &missingSequenceError{index: i}
 		case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
 			return nil, sequencePrivilegeError(role, s.TableName(), err)
 		}
@@ -164,6 +179,11 @@ func (c *Conn) writeSequences(ctx context.Context, enc *canonical.Encoder) error
 // source's state to it, and leaves those at or past it.
 func advanceSequences(ctx context.Context, q sequenceBatch, seqs []canonical.Sequence) error {
 	states, err := readSequenceStates(ctx, q, seqs)
+	var missing *missingSequenceError
+	if errors.As(err, &missing) {
+		return &SchemaIncompatibleError{Table: seqs[missing.index].TableName(),
+			Problem: "the sequence does not exist in the target database: create it there (same DDL as the source)"}
+	}
 	if err != nil {
 		return err
 	}

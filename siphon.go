@@ -76,10 +76,13 @@
 //
 // Slots: creating one waits for every transaction holding a transaction ID.
 // siphon bounds that wait, names the blocking sessions in a
-// [*SlotBlockedError], and leaves no slot, session or lock behind on failure.
-// A role without the REPLICATION attribute gets a [*PrivilegeError] that says
-// who grants it; a full max_replication_slots is mended once by dropping
-// siphon's base slots that lost their WAL, never a live chain's.
+// [*SlotBlockedError], and leaves no slot, session or lock behind on failure,
+// nor the publication the failed call created for the slot. A role without
+// the REPLICATION attribute gets a [*PrivilegeError] that says who grants
+// it; a full max_replication_slots is mended once by dropping siphon's base
+// slots that lost their WAL, never a live chain's. [Conn.Detach] removes
+// what the role may remove and returns a [*DetachIncompleteError] naming
+// what stays and who may remove it.
 //
 // # What is and is not captured
 //
@@ -92,6 +95,11 @@
 // changes. Not captured, as with any logical replication: large objects,
 // unlogged and temporary tables, and generated columns (the target
 // computes them). Full backups (pg_dump) include large objects.
+//
+// Partitioned tables: each partition's rows and changes carry the
+// partition's own name, unless [WithPartitionRoots] makes them carry the
+// partitioned table's (PostgreSQL's publish_via_partition_root): then a
+// target needs only the root, partitioned as it likes or not at all.
 //
 // # Schema changes
 //
@@ -122,8 +130,8 @@
 // it (as [WithKeylessTables] says), so the application's statements never
 // fail; a table created earlier and filled before it had a key is drift
 // ([Conn.SyncPublication]). The trigger never makes the application's DDL
-// fail, and [Conn.Detach] removes it with the last publication it looks
-// after. Without it (not installed, or [WithoutSchemaCapture]), apply
+// fail; the [Conn.Detach] that drops the database's last change-stream slot
+// removes it, with the publications it looks after. Without it (not installed, or [WithoutSchemaCapture]), apply
 // follows the column changes the stream
 // shows where that is exact (a nullable column added without a default, a
 // column dropped) and stops at any other with a
@@ -406,8 +414,9 @@ ORDER BY n.nspname, c.relname`
 // nullability) in order, generated columns left out; its primary key; its
 // replica identity and the
 // columns that identify a row in old values; and whether it is a partitioned
-// parent or a partition. A table named by WithTables that does not exist is
-// an error.
+// parent or a partition. With [WithPartitionRoots], partitions are left out
+// (their rows are the root's), unless WithTables names them. A table named
+// by WithTables that does not exist is an error.
 func (c *Conn) InspectSchema(ctx context.Context) (*canonical.Schema, error) {
 	rows, err := c.pool.Query(ctx, inspectQuery)
 	if err != nil {
@@ -420,7 +429,9 @@ func (c *Conn) InspectSchema(ctx context.Context) (*canonical.Schema, error) {
 			rows.Close()
 			return nil, errorf("siphon: inspect schema: %w", err)
 		}
-		all = append(all, t)
+		if t.PartitionOf == nil || !c.opts.partitionRoots || len(c.tables) > 0 {
+			all = append(all, t)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, errorf("siphon: inspect schema: %w", err)

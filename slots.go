@@ -186,23 +186,39 @@ func (c *Conn) ensureSlot(ctx context.Context) (slotCreated, error) {
 	if err != nil {
 		return slotCreated{}, err
 	}
-	if err := c.ensurePublication(ctx); err != nil {
-		return slotCreated{}, err
+	for tries := 1; ; tries++ {
+		made, err := c.ensurePublication(ctx)
+		if err != nil {
+			return slotCreated{}, err
+		}
+		exists, err := checkSlot(ctx, c.pool, c.opts.slot)
+		if err != nil {
+			return slotCreated{}, wrapSlotErr("create slot", c.opts.slot, c.undoPublication(ctx, made, err))
+		}
+		if exists {
+			return slotCreated{}, nil
+		}
+		s, err := c.createSlot(ctx, spec)
+		if errors.Is(err, errPublicationGone) && tries < 3 {
+			continue
+		}
+		if err != nil {
+			// A failed call leaves no publication behind (see undoPublication).
+			return slotCreated{}, wrapSlotErr("create slot", c.opts.slot, c.undoPublication(ctx, made, err))
+		}
+		if s.existed {
+			return slotCreated{}, nil
+		}
+		c.log.Info("replication slot created", "slot", c.opts.slot, "consistent_point", s.point, "attempts", s.attempts)
+		return slotCreated{Created: true, ConsistentPoint: s.point}, nil
 	}
-	exists, err := checkSlot(ctx, c.pool, c.opts.slot)
-	if err != nil || exists {
-		return slotCreated{}, wrapSlotErr("create slot", c.opts.slot, err)
-	}
-	s, err := c.createSlot(ctx, spec)
-	if err != nil {
-		return slotCreated{}, wrapSlotErr("create slot", c.opts.slot, err)
-	}
-	if s.existed {
-		return slotCreated{}, nil
-	}
-	c.log.Info("replication slot created", "slot", c.opts.slot, "consistent_point", s.point, "attempts", s.attempts)
-	return slotCreated{Created: true, ConsistentPoint: s.point}, nil
 }
+
+// errPublicationGone is an attempt to create the persistent slot that
+// found, under the slot-management lock, that the publication is gone
+// (dropped by a Detach, or by a failed call's undoPublication, after
+// ensureSlot made sure of it): it is made again before the slot.
+var errPublicationGone = errors.New("the publication was dropped while the slot was about to be created: create it again, then the slot")
 
 // persistentSlotSpec says how to create the persistent slot: as a
 // failover slot with WithFailoverSlot, which a server older than 17 refuses.
@@ -331,6 +347,15 @@ func (c *Conn) attemptSlot(ctx context.Context, spec slotSpec, deadline time.Tim
 	if !spec.export {
 		if exists, err := checkSlot(ctx, lock.conn, spec.name); err != nil || exists {
 			return &createdSlot{existed: exists}, err
+		}
+		// The publication comes first (see ensureSlot); the lock keeps it
+		// from being dropped from now until the slot exists.
+		var pub bool
+		if err := lock.conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)", c.opts.publication).Scan(&pub); err != nil {
+			return nil, fmt.Errorf("look up publication %q: %w", c.opts.publication, err)
+		}
+		if !pub {
+			return nil, errPublicationGone
 		}
 	}
 	for {

@@ -371,48 +371,112 @@ func asSlotBlocked(err error, slot string, start time.Time) error {
 }
 
 // Detach removes what siphon made on the source for this Conn's slot: the
-// persistent slot, then the publication and its inserts-only companion
-// (see [WithKeylessTables]) when no other logical slot of this database
-// remains that may read them (one that does keeps them, and Detach logs
-// which at Info: a publication without a slot pins no WAL), and the schema
-// capture (see [Conn.InstallSchemaCapture]) once no publication it looks
-// after exists any more (removing it needs a superuser, and an error
-// wrapping [ErrCaptureNeedsSuperuser] says so). It refuses,
-// changing nothing, while the slot is in use (a stream runs: stop it
-// first), with an error wrapping [ErrSlotInUse]. Base slots belong to
-// their chains (drop each with [Conn.DropSlot] when its chain is sealed);
-// temporary slots go with their sessions. Afterwards no stream, incremental
-// or chain of this slot can continue: take a new snapshot or full backup
-// to start again. What was applied into targets is theirs (see
-// [Conn.ResetAppliedPosition]).
+// persistent slot; then the publication and its inserts-only companion
+// (see [WithKeylessTables]) when no other change-stream slot of this
+// database remains that may read them (one that does keeps them, and
+// Detach logs which at Info: a publication without a slot pins no WAL;
+// Detach again once those slots are gone drops it); and the schema capture
+// (see [Conn.InstallSchemaCapture]) once no publication it looks after
+// exists any more. The Detach that drops the database's last
+// change-stream slot, as a superuser, also drops the publications the
+// capture looks after, which no slot can read any more (those other Conns
+// kept), then the capture and schema siphon: whatever the order in which
+// two Conns detach, nothing of siphon's stays.
+//
+// It refuses, changing nothing, while the slot is in use (a stream runs:
+// stop it first), with an error wrapping [ErrSlotInUse]. What the role may
+// not remove stays, and Detach removes the rest and returns a
+// [*DetachIncompleteError] saying what stays and who may remove it: the
+// slot (and with it the publication it reads) for a role without
+// REPLICATION, a publication another role owns. The capture, which only a
+// superuser may remove, stays for any other role with a warning saying
+// so. Base slots belong to their chains (drop each with [Conn.DropSlot]
+// when its chain is sealed); temporary slots go with their sessions.
+// Afterwards no stream, incremental or chain of this slot can continue:
+// take a new snapshot or full backup to start again. What was applied into
+// targets is theirs (see [Conn.ResetAppliedPosition]).
 func (c *Conn) Detach(ctx context.Context) error {
 	lock, err := c.lockSlots(ctx, time.Now().Add(c.opts.slotRetry.MaxBlocked))
 	if err != nil {
 		return errorf("siphon: detach: %w", err)
 	}
 	defer lock.release()
-	if err := c.DropSlot(ctx, c.opts.slot); err != nil {
-		return errorf("siphon: detach: %w", err)
-	}
-	rows, err := lock.conn.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
-		WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database() AND NOT temporary
-		ORDER BY 1`)
+	d := &DetachIncompleteError{}
+	slotGone, err := c.detachSlot(ctx, lock.conn, d)
 	if err != nil {
 		return errorf("siphon: detach: %w", err)
 	}
-	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	others, err := streamSlots(ctx, lock.conn)
 	if err != nil {
 		return errorf("siphon: detach: %w", err)
 	}
-	if len(others) > 0 {
-		c.log.Info("publication kept: other slots of this database may read it", "publication", c.opts.publication, "slots", others)
-	} else if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(c.opts.publication)+", "+
-		sqltext.Ident(c.opts.publication+insertsSuffix)); err != nil {
-		return errorf("siphon: detach: drop publication %q: %w", c.opts.publication, err)
+	switch {
+	case !slotGone:
+		d.Remaining = append(d.Remaining, fmt.Sprintf("publication %q: kept while the slot, which reads it, stays", c.opts.publication))
+	case len(others) > 0:
+		c.log.Info("publication kept: other slots of this database may read it (the Detach of the last of them drops it when the schema capture looks after it; otherwise Detach again once they are gone)",
+			"publication", c.opts.publication, "slots", others)
+	default:
+		if err := c.detachPublication(ctx, lock.conn, d); err != nil {
+			return errorf("siphon: detach: %w", err)
+		}
 	}
-	if err := c.removeCapture(ctx, lock.conn); err != nil {
-		return errorf("siphon: detach: remove the schema capture: %w", err)
+	if slotGone {
+		if err := c.removeCapture(ctx, lock.conn, len(others) == 0); err != nil {
+			return errorf("siphon: detach: remove the schema capture: %w", err)
+		}
+	}
+	if len(d.Remaining) > 0 {
+		c.log.Warn("detached in part", "removed", d.Removed, "remaining", d.Remaining)
+		return d
 	}
 	c.log.Info("detached", "slot", c.opts.slot, "publication", c.opts.publication)
+	return nil
+}
+
+// detachSlot drops the Conn's slot and reports whether it is gone. A slot
+// the role may not drop (it lacks REPLICATION) stays, and d says so.
+func (c *Conn) detachSlot(ctx context.Context, q querier, d *DetachIncompleteError) (bool, error) {
+	// Dropping needs REPLICATION even where there is nothing to drop.
+	s, err := readSlotRow(ctx, q, c.opts.slot)
+	if err != nil || !s.exists {
+		return err == nil, err
+	}
+	err = c.DropSlot(ctx, c.opts.slot)
+	switch {
+	case err == nil:
+		d.Removed = append(d.Removed, fmt.Sprintf("slot %q", c.opts.slot))
+		return true, nil
+	case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
+		d.Remaining = append(d.Remaining, fmt.Sprintf("slot %q: dropping it needs the REPLICATION privilege, which role %q lacks: "+
+			"have a superuser run ALTER ROLE %s WITH REPLICATION and Detach again, or run Detach as a role that has it",
+			c.opts.slot, c.config.User, sqltext.Ident(c.config.User)))
+		return false, nil
+	}
+	return false, err
+}
+
+// detachPublication drops the Conn's publication and its inserts-only
+// companion. One that another role owns stays, and d says so.
+func (c *Conn) detachPublication(ctx context.Context, q querier, d *DetachIncompleteError) error {
+	var owner string
+	err := q.QueryRow(ctx, "SELECT pg_get_userbyid(pubowner)::text FROM pg_publication WHERE pubname = $1", c.opts.publication).Scan(&owner)
+	if errors.Is(err, pgx.ErrNoRows) {
+		owner, err = "", nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up publication %q: %w", c.opts.publication, err)
+	}
+	_, err = q.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(c.opts.publication)+", "+sqltext.Ident(c.opts.publication+insertsSuffix))
+	switch {
+	case err == nil && owner != "":
+		d.Removed = append(d.Removed, fmt.Sprintf("publication %q", c.opts.publication))
+	case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
+		d.Remaining = append(d.Remaining, fmt.Sprintf("publication %q: only its owner %q or a superuser may drop it: "+
+			"have one run DROP PUBLICATION IF EXISTS %s, %s (or Detach as that role)",
+			c.opts.publication, owner, sqltext.Ident(c.opts.publication), sqltext.Ident(c.opts.publication+insertsSuffix)))
+	case err != nil:
+		return fmt.Errorf("drop publication %q: %w", c.opts.publication, err)
+	}
 	return nil
 }

@@ -21,7 +21,10 @@ func (c *Conn) EnsureSlotForTest(ctx context.Context) (created bool, consistentP
 }
 
 // EnsurePublicationForTest runs ensurePublication.
-func (c *Conn) EnsurePublicationForTest(ctx context.Context) error { return c.ensurePublication(ctx) }
+func (c *Conn) EnsurePublicationForTest(ctx context.Context) error {
+	_, err := c.ensurePublication(ctx)
+	return err
+}
 
 // CreateSnapshotSlotForTest runs createSnapshotSlot.
 func (c *Conn) CreateSnapshotSlotForTest(ctx context.Context) (*SnapshotSlot, error) {

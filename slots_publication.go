@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -44,15 +45,22 @@ type userTable struct {
 }
 
 // usableIdentity is true for a table c (an ordinary or partitioned table)
-// every leaf of which has a usable replica identity.
+// every leaf of which has a usable replica identity. Its leaves are read
+// from pg_inherits, as the query's snapshot sees it (pg_partition_tree
+// would read the latest catalog, which a REPEATABLE READ transaction does
+// not see).
 const usableIdentity = `NOT EXISTS (
-         SELECT FROM (SELECT c.oid WHERE c.relkind = 'r'
-                      UNION ALL SELECT tree.relid FROM pg_partition_tree(c.oid) tree WHERE tree.isleaf AND c.relkind = 'p') AS leaves (oid)
-         JOIN pg_class l ON l.oid = leaves.oid
-         WHERE NOT CASE l.relreplident
+         WITH RECURSIVE tree (oid, leaf) AS (
+           SELECT c.oid, c.relkind = 'r'
+           UNION ALL
+           SELECT i.inhrelid, k.relkind <> 'p' FROM tree
+           JOIN pg_catalog.pg_inherits i ON i.inhparent = tree.oid JOIN pg_catalog.pg_class k ON k.oid = i.inhrelid
+           WHERE NOT tree.leaf)
+         SELECT FROM tree JOIN pg_catalog.pg_class l ON l.oid = tree.oid
+         WHERE tree.leaf AND NOT CASE l.relreplident
            WHEN 'f' THEN true
-           WHEN 'i' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
-           WHEN 'd' THEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
+           WHEN 'i' THEN EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
+           WHEN 'd' THEN EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
            ELSE false END)`
 
 // isUserTable is true for a table c (in schema n) that a publication may
@@ -128,29 +136,91 @@ func (c *Conn) plan(tables []userTable) (publicationPlan, error) {
 
 // ensurePublication creates the publication when it is missing (see the
 // top of this file), and otherwise checks that it matches the options and
-// the tables (see checkPublication).
-func (c *Conn) ensurePublication(ctx context.Context) error {
+// the tables (see checkPublication). It returns what it created, for
+// undoPublication, or nil.
+func (c *Conn) ensurePublication(ctx context.Context) (*madePublication, error) {
 	found, err := c.checkPublication(ctx)
 	if err != nil || found {
-		return err
+		return nil, err
 	}
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.createPublication(ctx, tx) })
+	made := &madePublication{}
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.createPublication(ctx, tx, made) })
 	if err == nil {
-		_, err = c.ensureCapture(ctx) // before any slot: no schema change after it is missed
-		return err
+		if _, err = c.ensureCapture(ctx); err != nil { // before any slot: no schema change after it is missed
+			return nil, c.undoPublication(ctx, made, err)
+		}
+		return made, nil
 	}
+	if pgerr.Is(err, pgerrcode.DuplicateObject, pgerrcode.UniqueViolation) { // created meanwhile
+		_, err := c.checkPublication(ctx)
+		return nil, err
+	}
+	var identity *ReplicaIdentityError
+	if errors.As(err, &identity) {
+		return nil, err
+	}
+	return nil, errorf("siphon: create publication %q: %w", c.opts.publication, c.explainPublicationFailure(ctx, err))
+}
+
+// madePublication is a publication a call created, with the change-stream
+// slots of the database when it did: a slot made since may read it.
+type madePublication struct {
+	slots []string
+}
+
+// streamSlotsQuery lists the slots of the database that may read a
+// publication: its pgoutput slots, temporary ones left out.
+const streamSlotsQuery = `SELECT slot_name::text FROM pg_replication_slots
+	WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database() AND NOT temporary
+	ORDER BY 1`
+
+// streamSlots runs streamSlotsQuery.
+func streamSlots(ctx context.Context, q querier) ([]string, error) {
+	rows, err := q.Query(ctx, streamSlotsQuery)
 	if err != nil {
-		if pgerr.Is(err, pgerrcode.DuplicateObject, pgerrcode.UniqueViolation) { // created meanwhile
-			_, err := c.checkPublication(ctx)
-			return err
-		}
-		var identity *ReplicaIdentityError
-		if errors.As(err, &identity) {
-			return err
-		}
-		return errorf("siphon: create publication %q: %w", c.opts.publication, c.explainPublicationFailure(ctx, err))
+		return nil, fmt.Errorf("list the slots of the database: %w", err)
 	}
-	return nil
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list the slots of the database: %w", err)
+	}
+	return names, nil
+}
+
+// undoPublication drops the publication made created, when the call that
+// created it failed (cause) before its slot existed, so that a failed
+// call leaves nothing behind: a role without REPLICATION that calls
+// CurrentPosition creates the publication, then cannot create the slot.
+// It runs under the slot-management lock, so that no slot is created
+// meanwhile, and keeps the publication when a slot made since it was
+// created may read it. It returns cause, saying what it did.
+func (c *Conn) undoPublication(ctx context.Context, made *madePublication, cause error) error {
+	if made == nil {
+		return cause
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.slotRetry.LockTimeout)
+	defer cancel()
+	kept := func(why string) error {
+		return fmt.Errorf("%w (the publication %q this call created stays: %s; drop it with Detach or DROP PUBLICATION)", cause, c.opts.publication, why)
+	}
+	lock, err := c.lockSlots(ctx, time.Now().Add(c.opts.slotRetry.LockTimeout))
+	if err != nil {
+		return kept("could not take the slot-management lock to drop it: " + err.Error())
+	}
+	defer lock.release()
+	slots, err := streamSlots(ctx, lock.conn)
+	if err != nil {
+		return kept(err.Error())
+	}
+	if since := slices.DeleteFunc(slots, func(s string) bool { return slices.Contains(made.slots, s) }); len(since) > 0 {
+		return kept(fmt.Sprintf("slots created since may read it (%s)", strings.Join(since, ", ")))
+	}
+	if _, err := lock.conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(c.opts.publication)+", "+
+		sqltext.Ident(c.opts.publication+insertsSuffix)); err != nil {
+		return kept("dropping it failed: " + err.Error())
+	}
+	c.log.Info("publication dropped: the call that created it failed", "publication", c.opts.publication)
+	return fmt.Errorf("%w (the publication %q this call created was dropped again)", cause, c.opts.publication)
 }
 
 // explainPublicationFailure returns, for err that is the server's refusal
@@ -173,10 +243,14 @@ func (c *Conn) explainPublicationFailure(ctx context.Context, err error) error {
 }
 
 // createPublication creates the publication (and the inserts-only one)
-// for the tables of today, in tx.
-func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx) error {
+// for the tables of today, in tx, and records the slots of the database
+// in made.
+func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePublication) error {
 	tables, err := c.readUserTables(ctx, tx)
 	if err != nil {
+		return err
+	}
+	if made.slots, err = streamSlots(ctx, tx); err != nil {
 		return err
 	}
 	if err := c.checkNamedTablesExist(tables); err != nil {
@@ -193,7 +267,7 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx) error {
 	if len(p.main) > 0 {
 		stmt += " FOR TABLE " + tableList(p.main)
 	}
-	if _, err := tx.Exec(ctx, stmt); err != nil {
+	if _, err := tx.Exec(ctx, stmt+" WITH ("+c.viaRootOption()+")"); err != nil {
 		return err
 	}
 	if c.opts.keyless == KeylessInsertsOnly {
@@ -201,7 +275,7 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx) error {
 		if len(p.inserts) > 0 {
 			stmt += " FOR TABLE " + tableList(p.inserts)
 		}
-		if _, err := tx.Exec(ctx, stmt+" WITH (publish = 'insert, truncate')"); err != nil {
+		if _, err := tx.Exec(ctx, stmt+" WITH (publish = 'insert, truncate', "+c.viaRootOption()+")"); err != nil {
 			return err
 		}
 	}
@@ -251,19 +325,28 @@ func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.T
 	return nil
 }
 
+// viaRootOption is the publications' publish_via_partition_root, as
+// WithPartitionRoots says.
+func (c *Conn) viaRootOption() string {
+	return fmt.Sprintf("publish_via_partition_root = %v", c.opts.partitionRoots)
+}
+
 // publicationState is what the publications hold.
 type publicationState struct {
 	exists, allTables, inserts bool // the main publication; FOR ALL TABLES; the inserts-only one
 	capture                    bool // the main one holds the schema capture's table
 	flags                      [4]bool
-	main, insertsOnly          []canonical.TableName
+	// allViaRoot: every publication that exists publishes partitions
+	// under their roots (publish_via_partition_root); anyViaRoot: one does.
+	allViaRoot, anyViaRoot bool
+	main, insertsOnly      []canonical.TableName
 }
 
 // readPublications reads the publication and its inserts-only companion.
 func (c *Conn) readPublications(ctx context.Context, q querier) (publicationState, error) {
 	var s publicationState
 	rows, err := q.Query(ctx, `
-		SELECT p.pubname = $1, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
+		SELECT p.pubname = $1, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot,
 		       coalesce((SELECT array_agg(n.nspname::text ORDER BY n.nspname, c.relname) FROM pg_publication_rel r
 		                 JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		                 WHERE r.prpubid = p.oid), '{}'),
@@ -275,13 +358,15 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 		return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 	}
 	defer rows.Close()
+	s.allViaRoot = true
 	for rows.Next() {
-		var isMain, all bool
+		var isMain, all, viaRoot bool
 		var flags [4]bool
 		var schemas, names []string
-		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &schemas, &names); err != nil {
+		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &viaRoot, &schemas, &names); err != nil {
 			return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 		}
+		s.allViaRoot, s.anyViaRoot = s.allViaRoot && viaRoot, s.anyViaRoot || viaRoot
 		tables := make([]canonical.TableName, len(names))
 		for i := range names {
 			tables[i] = canonical.TableName{Schema: schemas[i], Name: names[i]}
@@ -313,15 +398,52 @@ func (c *Conn) publicationNames(ctx context.Context) (string, error) {
 	return c.opts.publication, nil
 }
 
+// publicationView is the publications and the tables they may hold, read
+// in one snapshot: read apart, a table created (and published by the
+// schema capture) or renamed between the two reads looks created after
+// the publication.
+type publicationView struct {
+	pub    publicationState
+	tables []userTable
+}
+
+// readPublicationView reads the publications and the tables in one
+// REPEATABLE READ transaction. Every catalog
+// read in it sees the same snapshot: a table created in a transaction
+// that has not committed yet is in neither, and one the schema capture
+// published in the transaction that created it is in both.
+func (c *Conn) readPublicationView(ctx context.Context) (publicationView, error) {
+	var v publicationView
+	err := pgx.BeginTxFunc(ctx, c.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		if v.pub, err = c.readPublications(ctx, tx); err != nil {
+			return err
+		}
+		if v.tables, err = c.readUserTables(ctx, tx); err != nil {
+			return errorf("siphon: check publication %q: %w", c.opts.publication, err)
+		}
+		return nil
+	})
+	return v, err
+}
+
 // checkPublication reports whether the publication exists, and an error
 // when it exists but differs from the options, or the tables drifted from
-// it: a table siphon would publish is missing (created after it), or a
-// published table lost its usable replica identity.
+// it (see checkView).
 func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
-	s, err := c.readPublications(ctx, c.pool)
-	if err != nil || !s.exists {
+	v, err := c.readPublicationView(ctx)
+	if err != nil || !v.pub.exists {
 		return false, err
 	}
+	return true, c.checkView(v)
+}
+
+// checkView returns a *PublicationMismatchError when the publication of v
+// differs from the options, or the tables drifted from it: a table siphon
+// would publish is missing (created after it), or a published table lost
+// its usable replica identity.
+func (c *Conn) checkView(v publicationView) error {
+	s := v.pub
 	mismatch := &PublicationMismatchError{Publication: c.opts.publication}
 	switch {
 	case s.flags != [4]bool{true, true, true, true}:
@@ -330,25 +452,30 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 		mismatch.Problem = "publishes all tables, but WithTables names " + tableList(c.tables)
 	case c.opts.keyless == KeylessInsertsOnly && !s.inserts:
 		mismatch.Problem = fmt.Sprintf("has no companion %q for the inserts of tables without a usable replica identity, which KeylessInsertsOnly needs", c.opts.publication+insertsSuffix)
+	case c.viaRootDiffers(s):
+		if c.opts.partitionRoots {
+			mismatch.Problem = "publishes the rows of partitioned tables under their partitions' names (publish_via_partition_root is off), but WithPartitionRoots asks for their roots"
+			mismatch.Fix = "run SyncPublication, which sets publish_via_partition_root = true: the stream names the roots from then on, so the targets must have them (a snapshot taken since names them too)"
+		} else {
+			mismatch.Problem = "publishes the rows of partitioned tables under their roots (publish_via_partition_root is on), but the Conn was made without WithPartitionRoots"
+			mismatch.Fix = "connect WithPartitionRoots, or run SyncPublication, which sets publish_via_partition_root = false: the stream names the partitions from then on"
+		}
+		return mismatch
 	case s.allTables:
-		return true, nil // made by an older siphon; Preflight reports the risk
+		return nil // made by an older siphon; Preflight reports the risk
 	}
 	if mismatch.Problem != "" {
-		return true, mismatch
+		return mismatch
 	}
-	tables, err := c.readUserTables(ctx, c.pool)
-	if err != nil {
-		return true, errorf("siphon: check publication %q: %w", c.opts.publication, err)
-	}
-	if err := c.checkNamedTablesExist(tables); err != nil {
-		return true, err
+	if err := c.checkNamedTablesExist(v.tables); err != nil {
+		return err
 	}
 	published := append(slices.Clone(s.main), s.insertsOnly...)
 	if len(c.tables) > 0 && !sameTables(published, c.tables) {
 		mismatch.Problem = "publishes " + tableList(published) + ", but WithTables names " + tableList(c.tables)
-		return true, mismatch
+		return mismatch
 	}
-	for _, t := range tables {
+	for _, t := range v.tables {
 		switch {
 		case !t.usable && slices.Contains(s.main, t.name) && c.opts.keyless != KeylessFull:
 			mismatch.Unsafe = append(mismatch.Unsafe, t.name)
@@ -357,7 +484,7 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 		}
 	}
 	if len(mismatch.Missing)+len(mismatch.Unsafe) == 0 {
-		return true, nil
+		return nil
 	}
 	var problems []string
 	if len(mismatch.Missing) > 0 {
@@ -369,7 +496,36 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 	}
 	mismatch.Problem = strings.Join(problems, ", and ")
 	mismatch.Fix = "run SyncPublication to bring the publication in line (then copy the rows of the tables it adds: a snapshot of them)"
-	return true, mismatch
+	return mismatch
+}
+
+// viaRootDiffers reports whether the publications of s do not publish
+// partitions as WithPartitionRoots says.
+func (c *Conn) viaRootDiffers(s publicationState) bool {
+	if c.opts.partitionRoots {
+		return !s.allViaRoot
+	}
+	return s.anyViaRoot
+}
+
+// syncViaRoot sets publish_via_partition_root on the publications that
+// exist as WithPartitionRoots says, in tx.
+func (c *Conn) syncViaRoot(ctx context.Context, tx pgx.Tx) error {
+	s, err := c.readPublications(ctx, tx)
+	if err != nil || !c.viaRootDiffers(s) {
+		return err
+	}
+	pubs := []string{c.opts.publication}
+	if s.inserts {
+		pubs = append(pubs, c.opts.publication+insertsSuffix)
+	}
+	for _, pub := range pubs {
+		if _, err := tx.Exec(ctx, "ALTER PUBLICATION "+sqltext.Ident(pub)+" SET ("+c.viaRootOption()+")"); err != nil {
+			return err
+		}
+	}
+	c.log.Info("publication set to publish partitions as WithPartitionRoots says", "publication", c.opts.publication, "via_root", c.opts.partitionRoots)
+	return nil
 }
 
 // SyncPublication brings siphon's publication in line with the tables of
@@ -378,14 +534,24 @@ func (c *Conn) checkPublication(ctx context.Context) (bool, error) {
 // as [WithKeylessTables] says. It returns the tables it added: their
 // changes before now were not captured, so copy their rows (a
 // [Snapshot] of them, with [Snapshot.CopyTables]) before applying what
-// streams after. A publication of [WithTables] tables is left as it is:
-// adjust it with ALTER PUBLICATION.
+// streams after. It also sets the publications' publish_via_partition_root
+// as [WithPartitionRoots] says. A publication of [WithTables] tables keeps
+// its tables: SyncPublication sets only publish_via_partition_root there,
+// and returns an error when its tables differ from WithTables (adjust them
+// with ALTER PUBLICATION).
 func (c *Conn) SyncPublication(ctx context.Context) ([]canonical.TableName, error) {
 	if len(c.tables) > 0 {
-		return nil, errorf("siphon: sync publication %q: it holds the WithTables tables, which SyncPublication leaves as they are: adjust it with ALTER PUBLICATION", c.opts.publication)
+		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.syncViaRoot(ctx, tx) })
+		if err == nil {
+			_, err = c.checkPublication(ctx)
+		}
+		if err != nil {
+			return nil, errorf("siphon: sync publication %q: it holds the WithTables tables, which SyncPublication leaves as they are: adjust it with ALTER PUBLICATION: %w", c.opts.publication, err)
+		}
+		return nil, nil
 	}
 	var added []canonical.TableName
-	err := c.ensurePublication(ctx)
+	_, err := c.ensurePublication(ctx)
 	var mismatch *PublicationMismatchError
 	if errors.As(err, &mismatch) && mismatch.Fix != "" { // drift: what SyncPublication is for
 		err = nil
@@ -408,6 +574,9 @@ func (c *Conn) SyncPublication(ctx context.Context) ([]canonical.TableName, erro
 // syncPublication makes the publications hold what plan says of the tables
 // of today, in tx, and returns the tables it added.
 func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.TableName, error) {
+	if err := c.syncViaRoot(ctx, tx); err != nil {
+		return nil, err
+	}
 	s, err := c.readPublications(ctx, tx)
 	if err != nil || s.allTables {
 		return nil, err

@@ -294,7 +294,7 @@ func (c *Conn) sourceHeader(ctx context.Context) (canonical.Header, error) {
 // [Conn.InspectSchema]), with the partitioned tables above them. Its
 // errors carry the "siphon:" prefix.
 func (c *Conn) publishedSchema(ctx context.Context) (*canonical.Schema, error) {
-	if err := c.ensurePublication(ctx); err != nil {
+	if _, err := c.ensurePublication(ctx); err != nil {
 		return nil, err
 	}
 	all, err := c.InspectSchema(ctx)

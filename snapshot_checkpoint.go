@@ -108,14 +108,25 @@ type TableCheckpoint struct {
 // that committed at commit, the Position a row change or truncate carries.
 // Apply a streamed change only when Covers is false. It is true only for
 // relations whose copy restarted in a later snapshot than the checkpoint's
-// Position.
+// Position. A partitioned table the stream names itself
+// ([WithPartitionRoots]), whose rows were copied from its partitions, is
+// covered only when the copy of every one of them is.
 func (cp *CopyCheckpoint) Covers(relation canonical.TableName, commit canonical.Position) bool {
 	for i := range cp.Tables {
 		if cp.Tables[i].Relation == relation {
 			return commit < cp.Tables[i].Position
 		}
 	}
-	return false
+	covered := false
+	for i := range cp.Tables {
+		if cp.Tables[i].Table == relation {
+			if commit >= cp.Tables[i].Position {
+				return false
+			}
+			covered = true
+		}
+	}
+	return covered
 }
 
 // clone copies t deeply.
