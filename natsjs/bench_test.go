@@ -167,9 +167,11 @@ const benchBatch = 1000
 // and reports the median of each publisher's speed over noop's (x_noop,
 // x_noop_batched). Two workloads: transactions of 100 inserts, and of one
 // (where each transaction waits for JetStream's acknowledgements).
-// SIPHON_BENCH_ROWS sets the inserts (default 50000).
+// SIPHON_BENCH_ROWS sets the inserts (default 200000, a tenth of them for
+// transactions of one: a second or more a run, which the load of a shared
+// machine sways less than shorter ones).
 func BenchmarkPublish(b *testing.B) {
-	rows := 50000
+	rows := 200000
 	if v := os.Getenv("SIPHON_BENCH_ROWS"); v != "" {
 		var err error
 		if rows, err = strconv.Atoi(v); err != nil {
@@ -182,7 +184,7 @@ func BenchmarkPublish(b *testing.B) {
 		b.Run(fmt.Sprintf("tx%d", size), func(b *testing.B) {
 			n := rows
 			if size == 1 {
-				n = rows / 5 // a transaction a row: fewer, or the setup takes longer than the runs
+				n = rows / 10 // a transaction a row: fewer, or the setup takes longer than the runs
 			}
 			src := newBenchSource(b, n/size, size)
 			noop := func(b *testing.B) time.Duration {
