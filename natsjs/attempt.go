@@ -31,8 +31,8 @@ type attempt struct {
 	// seq is the stream's last sequence as the attempt expects it: the
 	// next message is stored at seq+1.
 	seq uint64
-	// held is the last message the stream held when the attempt began:
-	// messages at or before it are not published again.
+	// held is the last change (or marker) the stream held when the
+	// attempt began: changes at or before it are not published again.
 	held msgKey
 	// last is the end Position of the last transaction the stream holds;
 	// prev is that of the last one published, or where the attempt
@@ -41,9 +41,15 @@ type attempt struct {
 	// published counts the messages JetStream acknowledged.
 	published int
 
-	// tx describes the open transaction; its index is the next message's.
+	// tx describes the open transaction; its index is the next change's.
 	tx  msgHeader
 	txh txHeader
+	// maxHeader bounds the size of the headers of its messages.
+	maxHeader int
+	// batch gathers its next changes into one message, their lines
+	// written by lines.
+	batch batch
+	lines *changeLines
 	// pending holds the messages published and not yet acknowledged, oldest
 	// first, and pendingBytes their size.
 	pending      []pendingMsg
@@ -69,7 +75,11 @@ type pendingMsg struct {
 }
 
 func (p *Publisher) newAttempt(ctx context.Context, systemID string) *attempt {
-	return &attempt{p: p, ctx: ctx, systemID: systemID}
+	a := &attempt{p: p, ctx: ctx, systemID: systemID}
+	if p.cfg.MaxChangesPerMessage > 1 {
+		a.lines = newChangeLines()
+	}
+	return a
 }
 
 // run resumes from the stream and streams the slot into it until ctx ends
@@ -96,15 +106,17 @@ func (a *attempt) emit(ch canonical.Change) error {
 	case canonical.OpBegin:
 		a.tx = msgHeader{systemID: a.systemID, slot: a.p.cfg.Slot, xid: ch.XID, commit: ch.Position, commitTime: ch.CommitTime}
 		a.txh = newTxHeader(&a.tx)
+		a.maxHeader = 0
+		a.lines.begin(ch)
 	case canonical.OpInsert, canonical.OpUpdate, canonical.OpDelete:
-		return a.publish(TableSubject(prefix, ch.TableName()), &ch, false)
+		return a.add(TableSubject(prefix, ch.TableName()), &ch)
 	case canonical.OpTruncate:
 		// One message per table, on its subject, so a consumer of one table
 		// sees its truncation and no other's.
 		for _, t := range ch.Truncated {
 			one := ch
 			one.Truncated = []canonical.TableName{t}
-			if err := a.publish(TableSubject(prefix, t), &one, false); err != nil {
+			if err := a.add(TableSubject(prefix, t), &one); err != nil {
 				return err
 			}
 		}
@@ -112,17 +124,29 @@ func (a *attempt) emit(ch canonical.Change) error {
 		// A non-transactional message belongs to no transaction: it has no
 		// commit Position to order and deduplicate it by.
 		if ch.Message.Transactional {
-			return a.publish(MessageSubject(prefix), &ch, false)
+			return a.add(MessageSubject(prefix), &ch)
 		}
 	case canonical.OpDDL:
-		return a.publish(DDLSubject(prefix), &ch, false)
+		return a.add(DDLSubject(prefix), &ch)
 	case canonical.OpCommit:
+		if err := a.flush(); err != nil {
+			return err
+		}
+		if err := a.lines.commit(&ch); err != nil {
+			return fmt.Errorf("natsjs: the commit marker: %w", err)
+		}
 		// A marker even for a transaction with nothing else to publish: the
 		// slot is acknowledged past it, so the stream must hold its end, or
 		// resuming from the stream would be behind the slot.
 		a.tx.end, a.tx.count, a.tx.prevEnd = ch.Position, a.tx.index, a.prev
-		if err := a.publish(CommitSubject(prefix), &ch, true); err != nil {
-			return err
+		if index, publish := a.next(); publish {
+			data, err := canonical.AppendChange(nil, &ch)
+			if err != nil {
+				return fmt.Errorf("natsjs: the commit marker: %w", err)
+			}
+			if err := a.send(CommitSubject(prefix), index, 1, data, markerMsg); err != nil {
+				return err
+			}
 		}
 		// The slot is acknowledged to this commit once emit returns: only
 		// after JetStream has stored every message of the transaction.
@@ -136,20 +160,59 @@ func (a *attempt) emit(ch canonical.Change) error {
 	return nil
 }
 
-// publish publishes ch on subject as the open transaction's next message,
-// unless the stream holds it already.
-func (a *attempt) publish(subject string, ch *canonical.Change, marker bool) error {
-	h := a.tx
-	a.tx.index++
-	if !(msgKey{h.commit, h.index}).after(a.held) {
+// add publishes ch, the open transaction's next change, on subject,
+// unless the stream holds it already: alone, or gathered with the changes
+// next to it on the same subject into one message (Config.MaxChangesPerMessage).
+// A schema change always goes alone, as what its signature covers.
+func (a *attempt) add(subject string, ch *canonical.Change) error {
+	index, publish := a.next()
+	if !publish {
 		return nil
+	}
+	if a.p.cfg.MaxChangesPerMessage > 1 && ch.Op != canonical.OpDDL {
+		return a.gather(subject, index, ch)
+	}
+	if err := a.flush(); err != nil {
+		return err
 	}
 	data, err := canonical.AppendChange(nil, ch)
 	if err != nil {
 		return fmt.Errorf("natsjs: the message for %s: %w", subject, err)
 	}
-	hdr := a.txh.header(&h, marker, a.seq)
-	if ch.Op == canonical.OpDDL && a.p.cfg.Key != nil {
+	kind := changeMsg
+	if ch.Op == canonical.OpDDL {
+		kind = ddlMsg
+	}
+	return a.send(subject, index, 1, data, kind)
+}
+
+// next returns the open transaction's next index (a change's, or its
+// marker's), and whether to publish it: whether the stream did not hold it
+// when the attempt began.
+func (a *attempt) next() (index int, publish bool) {
+	index = a.tx.index
+	a.tx.index++
+	return index, (msgKey{a.tx.commit, index}).after(a.held)
+}
+
+// msgKind tells the messages a Publisher sends apart.
+type msgKind uint8
+
+const (
+	changeMsg msgKind = iota // one change or several, on their subject
+	ddlMsg                   // a schema change, signed with Config.Key
+	markerMsg                // a commit marker
+)
+
+// send publishes data, the open transaction's n changes from index (its
+// commit marker at index), on subject, and waits for the oldest
+// acknowledgements while more than the limits are pending. JetStream keeps
+// data until it acknowledges it: the caller does not reuse it.
+func (a *attempt) send(subject string, index, n int, data []byte, kind msgKind) error {
+	h := a.tx
+	h.index, h.changes = index, n
+	hdr := a.txh.header(&h, kind == markerMsg, a.seq)
+	if kind == ddlMsg && a.p.cfg.Key != nil {
 		sign(hdr, a.p.cfg.Key, subject, &h, data)
 	}
 	size := len(data) + headerSize(hdr)

@@ -3,6 +3,7 @@ package natsjs_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -62,7 +63,8 @@ func (s *benchSource) copySlot(b *testing.B) string {
 }
 
 // noop streams slot to a no-op emit until the transaction ending at end
-// (until the last insert when end is zero), and returns how long it took.
+// (until the last insert when end is zero), and returns how long it took
+// from the call to that transaction's commit.
 func (s *benchSource) noop(slot string, end canonical.Position) (time.Duration, canonical.Position, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -72,26 +74,30 @@ func (s *benchSource) noop(slot string, end canonical.Position) (time.Duration, 
 	}
 	defer c.Close()
 	inserts := 0
+	var took time.Duration
 	began := time.Now()
 	last, err := c.StreamChanges(ctx, 0, func(ch canonical.Change) error {
 		switch {
 		case ch.Op == canonical.OpInsert:
 			inserts++
 		case ch.Op == canonical.OpCommit && (ch.Position == end || end == 0 && inserts == s.changes):
+			took = time.Since(began) // not the end of the session that follows
 			cancel()
 		}
 		return nil
 	})
-	took := time.Since(began)
 	if err == nil && inserts != s.changes {
 		err = fmt.Errorf("streamed %d inserts, want %d", inserts, s.changes)
 	}
 	return took, last, err
 }
 
-// publish publishes slot into a new stream on nc until it holds the
-// transaction ending at end, and returns how long it took.
-func (s *benchSource) publish(b *testing.B, nc *nats.Conn, js jetstream.JetStream, slot string) time.Duration {
+// publish publishes slot into a new stream on nc, with maxChanges changes
+// a message at most, until it holds the transaction ending at end, and
+// returns how long it took from when the Publisher began to stream (as
+// noop's time starts when StreamChanges is called: neither counts the
+// connections made before).
+func (s *benchSource) publish(b *testing.B, nc *nats.Conn, js jetstream.JetStream, slot string, maxChanges int) time.Duration {
 	b.Helper()
 	ctx := context.Background()
 	name := "B" + slot
@@ -100,20 +106,21 @@ func (s *benchSource) publish(b *testing.B, nc *nats.Conn, js jetstream.JetStrea
 		b.Fatal(err)
 	}
 	defer js.DeleteStream(ctx, name)
-	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: name, Prefix: "b", Slot: slot})
+	started := startedAt{at: make(chan time.Time, 1)}
+	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: name, Prefix: "b", Slot: slot,
+		MaxChangesPerMessage: maxChanges, Logger: slog.New(started)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	began := time.Now()
 	run := runPublisher(b, pub, s.dsn)
-	deadline := began.Add(10 * time.Minute)
+	deadline := time.Now().Add(10 * time.Minute)
 	for heldEnd(b, st, "b") < s.end {
 		if time.Now().After(deadline) {
 			b.Fatal("the stream does not hold the last transaction within 10 minutes")
 		}
 		time.Sleep(2 * time.Millisecond) // the figure includes at most this much of polling
 	}
-	took := time.Since(began)
+	took := time.Since(<-started.at)
 	if _, err := run.stop(); err != nil {
 		b.Fatal(err)
 	}
@@ -121,22 +128,50 @@ func (s *benchSource) publish(b *testing.B, nc *nats.Conn, js jetstream.JetStrea
 	if err != nil {
 		b.Fatal(err)
 	}
-	if want := uint64(s.changes + s.txns); info.State.Msgs != want {
-		b.Fatalf("the stream holds %d messages, want %d (a message per insert and per commit)", info.State.Msgs, want)
+	size := s.changes / s.txns
+	if want := uint64(s.txns * ((size+maxChanges-1)/maxChanges + 1)); info.State.Msgs != want {
+		b.Fatalf("the stream holds %d messages, want %d (a message per %d inserts and per commit)", info.State.Msgs, want, maxChanges)
 	}
 	return took
 }
 
+// startedAt is a log handler that sends the time a Publisher logs that it
+// begins to stream, the first time.
+type startedAt struct{ at chan time.Time }
+
+func (s startedAt) Enabled(context.Context, slog.Level) bool { return true }
+
+func (s startedAt) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "natsjs: publishing" {
+		select {
+		case s.at <- time.Now():
+		default:
+		}
+	}
+	return nil
+}
+
+func (s startedAt) WithAttrs([]slog.Attr) slog.Handler { return s }
+
+func (s startedAt) WithGroup(string) slog.Handler { return s }
+
+// benchBatch is the MaxChangesPerMessage of the batched runs.
+const benchBatch = 1000
+
 // BenchmarkPublish measures changes/s from a slot into JetStream (a
 // single in-process node, file storage, on the same machine as PostgreSQL
 // and the client) beside StreamChanges of the same slot to a no-op
-// callback, on fresh copies of one slot: "noop" and "jetstream" report
-// changes/s, "ratio" runs both on each iteration and reports the median of
-// jetstream's speed over noop's (x_noop). Two workloads: transactions of
-// 100 inserts, and of one (where each transaction waits for JetStream's
-// acknowledgements). SIPHON_BENCH_ROWS sets the inserts (default 50000).
+// callback, on fresh copies of one slot: "noop", "jetstream" (a message
+// per change, the default) and "batched" (MaxChangesPerMessage 1000)
+// report changes/s; "ratio" runs the three on each iteration, in turns,
+// and reports the median of each publisher's speed over noop's (x_noop,
+// x_noop_batched). Two workloads: transactions of 100 inserts, and of one
+// (where each transaction waits for JetStream's acknowledgements).
+// SIPHON_BENCH_ROWS sets the inserts (default 200000, a tenth of them for
+// transactions of one: a second or more a run, which the load of a shared
+// machine sways less than shorter ones).
 func BenchmarkPublish(b *testing.B) {
-	rows := 50000
+	rows := 200000
 	if v := os.Getenv("SIPHON_BENCH_ROWS"); v != "" {
 		var err error
 		if rows, err = strconv.Atoi(v); err != nil {
@@ -149,7 +184,7 @@ func BenchmarkPublish(b *testing.B) {
 		b.Run(fmt.Sprintf("tx%d", size), func(b *testing.B) {
 			n := rows
 			if size == 1 {
-				n = rows / 5 // a transaction a row: fewer, or the setup takes longer than the runs
+				n = rows / 10 // a transaction a row: fewer, or the setup takes longer than the runs
 			}
 			src := newBenchSource(b, n/size, size)
 			noop := func(b *testing.B) time.Duration {
@@ -162,11 +197,13 @@ func BenchmarkPublish(b *testing.B) {
 				}
 				return took
 			}
-			publish := func(b *testing.B) time.Duration {
-				b.StopTimer()
-				slot := src.copySlot(b)
-				b.StartTimer()
-				return src.publish(b, nc, js, slot)
+			publish := func(maxChanges int) func(b *testing.B) time.Duration {
+				return func(b *testing.B) time.Duration {
+					b.StopTimer()
+					slot := src.copySlot(b)
+					b.StartTimer()
+					return src.publish(b, nc, js, slot, maxChanges)
+				}
 			}
 			each := func(run func(*testing.B) time.Duration) func(*testing.B) {
 				return func(b *testing.B) {
@@ -179,22 +216,30 @@ func BenchmarkPublish(b *testing.B) {
 				}
 			}
 			b.Run("noop", each(noop))
-			b.Run("jetstream", each(publish))
+			b.Run("jetstream", each(publish(1)))
+			b.Run("batched", each(publish(benchBatch)))
 			b.Run("ratio", func(b *testing.B) {
-				var ratios []float64
+				runs := []func(*testing.B) time.Duration{noop, publish(1), publish(benchBatch)}
+				var single, batched []float64
 				for i := 0; b.Loop(); i++ {
-					var n, j time.Duration
-					if i%2 == 0 {
-						n, j = noop(b), publish(b)
-					} else {
-						j, n = publish(b), noop(b)
+					var took [3]time.Duration
+					for k := range runs { // in turns, each first once in three
+						j := (i + k) % len(runs)
+						took[j] = runs[j](b)
 					}
-					ratios = append(ratios, n.Seconds()/j.Seconds())
+					single = append(single, took[0].Seconds()/took[1].Seconds())
+					batched = append(batched, took[0].Seconds()/took[2].Seconds())
 				}
-				slices.Sort(ratios)
-				b.ReportMetric(ratios[len(ratios)/2], "x_noop")
+				b.ReportMetric(median(single), "x_noop")
+				b.ReportMetric(median(batched), "x_noop_batched")
 				b.ReportMetric(0, "ns/op")
 			})
 		})
 	}
+}
+
+// median returns the median of xs.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }

@@ -32,6 +32,7 @@ const (
 	childSlot   = "NATSJS_CHILD_SLOT"
 	childStream = "NATSJS_CHILD_STREAM"
 	childPrefix = "NATSJS_CHILD_PREFIX"
+	childBatch  = "NATSJS_CHILD_BATCH" // MaxChangesPerMessage
 )
 
 func init() { childModes["publish"] = publishChild }
@@ -45,8 +46,13 @@ func publishChild() error {
 		return err
 	}
 	defer nc.Close()
+	batch, err := strconv.Atoi(os.Getenv(childBatch))
+	if err != nil {
+		return err
+	}
 	pub, err := natsjs.NewPublisher(nc, natsjs.Config{Stream: os.Getenv(childStream), Prefix: os.Getenv(childPrefix),
-		Slot: os.Getenv(childSlot), MaxPending: 32, AckWait: 2 * time.Second, MaxRetryWait: 500 * time.Millisecond})
+		Slot: os.Getenv(childSlot), MaxPending: 32, AckWait: 2 * time.Second, MaxRetryWait: 500 * time.Millisecond,
+		MaxChangesPerMessage: batch})
 	if err != nil {
 		return err
 	}
@@ -203,9 +209,12 @@ func (w *clusterWorkload) stop() error {
 // three-node cluster from a child process while a workload commits: the
 // child is SIGKILLed several times (some kills inside a transaction), and
 // the stream's leader node is stopped while a child publishes and started
-// again. At the end the stream holds every change of the source exactly
-// once, in commit order (checked against a second slot read directly),
-// and a consumer started afterwards replays it all.
+// again. The children publish a message per change, or messages of up to
+// 64 or 7 changes, by turns, so a child often resumes inside a
+// transaction that another gathered otherwise. At the end the stream holds
+// every change of the source exactly once, in commit order (checked
+// against a second slot read directly), and a consumer started afterwards
+// replays it all.
 func TestClusterSurvivesKillsAndNodeLoss(t *testing.T) {
 	t.Parallel()
 	kills := 6
@@ -227,8 +236,9 @@ func TestClusterSurvivesKillsAndNodeLoss(t *testing.T) {
 	landed := map[string]int{}
 	var stderr bytes.Buffer
 	nodeRestarts := 0
+	batches := []int{1, 64, 7}
 	for round := range kills {
-		child := childCmd("publish", env...)
+		child := childCmd("publish", append(env, childBatch+"="+strconv.Itoa(batches[round%len(batches)]))...)
 		child.Stderr = &stderr
 		require.NoError(t, child.Start())
 		// Some progress first, a random amount; on odd rounds the kill
@@ -261,7 +271,7 @@ func TestClusterSurvivesKillsAndNodeLoss(t *testing.T) {
 	require.NotZero(t, landed["inside a transaction"], "some kills leave a transaction half published: %v", landed)
 	execSQL(t, admin, `INSERT INTO counters VALUES (-1, 0)`) // the last transaction
 
-	last := childCmd("publish", env...)
+	last := childCmd("publish", append(env, childBatch+"=64")...)
 	var out bytes.Buffer
 	last.Stdout, last.Stderr = &out, &stderr
 	require.NoError(t, last.Start())

@@ -1,6 +1,7 @@
 package natsjs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -248,7 +249,7 @@ func (r *txReader) read(msg jetstream.Msg) error {
 	case !r.open && h.commit <= r.tx.commit:
 		return fail(fmt.Errorf("a message of the transaction committed at %v, after the one committed at %v", h.commit, r.tx.commit))
 	case h.index < next || r.whole && h.index != next:
-		return fail(fmt.Errorf("message %d of the transaction committed at %v, where message %d was expected", h.index, h.commit, next))
+		return fail(fmt.Errorf("change %d of the transaction committed at %v, where change %d was expected", h.index, h.commit, next))
 	}
 	if !r.open {
 		if err := r.emit(canonical.Change{Op: canonical.OpBegin, XID: h.xid, Position: h.commit, CommitTime: h.commitTime}); err != nil {
@@ -256,17 +257,17 @@ func (r *txReader) read(msg jetstream.Msg) error {
 		}
 		r.open, r.tx, r.delivered = true, h, 0
 	}
-	r.tx.index = h.index + 1
-	ch, err := canonical.ParseChange(msg.Data())
-	if err != nil {
-		return fail(err)
-	}
+	r.tx.index = h.index + h.changes
 	if marker {
+		ch, err := canonical.ParseChange(msg.Data())
+		if err != nil {
+			return fail(err)
+		}
 		if ch.Op != canonical.OpCommit || ch.Position != h.end {
 			return fail(fmt.Errorf("a commit marker holding a %s record at %v, not the commit at %v", ch.Op, ch.Position, h.end))
 		}
 		if r.whole && h.count != r.delivered {
-			return fail(fmt.Errorf("the transaction has %d messages, %d were read", h.count, r.delivered))
+			return fail(fmt.Errorf("the transaction has %d changes, %d were read", h.count, r.delivered))
 		}
 		if err := r.emit(ch); err != nil {
 			return fmt.Errorf("natsjs: consume: emit: %w", err)
@@ -274,11 +275,95 @@ func (r *txReader) read(msg jetstream.Msg) error {
 		r.open, r.after = false, ch.Position
 		return nil
 	}
+	if h.changes > 1 {
+		return r.readBatch(msg.Data(), &h, fail)
+	}
+	ch, err := canonical.ParseChange(msg.Data())
+	if err != nil {
+		return fail(err)
+	}
 	if ch.Op == canonical.OpDDL {
 		raw := &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}
 		if err := checkSignature(raw, &h, r.keys, r.unauthenticatedDDL); err != nil {
 			return fail(err)
 		}
+	}
+	return r.deliver(ch, &h, fail)
+}
+
+// readBatch delivers the changes of a message that holds several (see
+// Config.MaxChangesPerMessage), once it has read them all.
+func (r *txReader) readBatch(data []byte, h *msgHeader, fail func(error) error) error {
+	changes, err := parseChanges(data, h.changes)
+	if err != nil {
+		return fail(err)
+	}
+	for _, ch := range changes {
+		if err := r.deliver(ch, h, fail); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parseChanges reads the n changes of a message that holds several: the
+// records a canonical stream holds for them, a row change's table record
+// left out when it is the last table record before it.
+func parseChanges(data []byte, n int) ([]canonical.Change, error) {
+	changes := make([]canonical.Change, 0, n)
+	var table, buf []byte
+	for len(data) > 0 {
+		end := bytes.IndexByte(data, '\n') + 1
+		if end == 0 {
+			end = len(data)
+		}
+		line := data[:end]
+		data = data[end:]
+		if bytes.HasPrefix(line, []byte(`{"t":"table",`)) {
+			table = line
+			continue
+		}
+		if len(changes) == n {
+			return nil, fmt.Errorf("a message of %d changes (%s) holding more", n, HeaderChanges)
+		}
+		if rowRecord(line) {
+			buf = append(append(buf[:0], table...), line...)
+			line = buf
+		}
+		ch, err := canonical.ParseChange(line)
+		if err != nil {
+			return nil, fmt.Errorf("change %d of %d: %w", len(changes)+1, n, err)
+		}
+		switch ch.Op {
+		case canonical.OpInsert, canonical.OpUpdate, canonical.OpDelete, canonical.OpTruncate, canonical.OpMessage:
+		default:
+			// A schema change goes alone, as its signature covers it; a
+			// begin or commit is no change of a message.
+			return nil, fmt.Errorf("change %d of %d: a %s record, which a Publisher never sends among several changes", len(changes)+1, n, ch.Op)
+		}
+		changes = append(changes, ch)
+	}
+	if len(changes) != n {
+		return nil, fmt.Errorf("a message of %d changes (%s) holding %d", n, HeaderChanges, len(changes))
+	}
+	return changes, nil
+}
+
+// rowRecord reports whether line is an insert, update or delete record,
+// which reads with its table record.
+func rowRecord(line []byte) bool {
+	for _, op := range [...]string{`{"t":"insert",`, `{"t":"update",`, `{"t":"delete",`} {
+		if bytes.HasPrefix(line, []byte(op)) {
+			return true
+		}
+	}
+	return false
+}
+
+// deliver delivers ch, a change of the message h describes.
+func (r *txReader) deliver(ch canonical.Change, h *msgHeader, fail func(error) error) error {
+	if ch.Op == canonical.OpBegin || ch.Op == canonical.OpCommit {
+		return fail(fmt.Errorf("a %s record in a message of changes: a transaction's begin is its first message, its commit its marker", ch.Op))
 	}
 	ch.CommitTime = h.commitTime
 	r.delivered++

@@ -20,7 +20,8 @@
 // # Messages
 //
 // One stream per slot, capturing Prefix+".>" (see [StreamConfig]), written
-// by that slot's Publisher alone. Each change is one message:
+// by that slot's Publisher alone. Each change is one message (or travels
+// with its neighbours in one: see Messages of several changes below):
 //
 //   - an insert, update or delete on <prefix>.<schema>.<table> (see
 //     [TableSubject]);
@@ -48,8 +49,8 @@
 // [canonical.ParseChange]. Its headers: Nats-Msg-Id (see [MsgID]),
 // [HeaderSystemID], [HeaderSlot], [HeaderXID], [HeaderCommit] (the commit
 // Position), [HeaderCommitTime], [HeaderIndex] (its place in the
-// transaction), and on a marker [HeaderEnd], [HeaderCount] and
-// [HeaderPrevEnd].
+// transaction), [HeaderChanges] on a message of several changes, and on a
+// marker [HeaderEnd], [HeaderCount] and [HeaderPrevEnd].
 //
 // Subject tokens are names escaped reversibly ([SubjectToken]): ASCII
 // letters, digits, '-' and '_' stand for themselves, every other byte is
@@ -58,6 +59,27 @@
 // <prefix>.public.Order%20Items, and a table's subject never collides with
 // another's or with commit and message, which have one token where tables
 // have two. <prefix>.*.* reads every table, <prefix>.> everything.
+//
+// # Messages of several changes
+//
+// A Publisher's work, and JetStream's, goes by the message: a message per
+// change makes a transaction of many rows cost as many messages, stored
+// and acknowledged one by one. With [Config].MaxChangesPerMessage above
+// one, consecutive changes of a transaction on the same subject (the rows
+// a statement writes to one table, say) travel together in one message of
+// up to that many changes, split where a message would pass the largest
+// the server and the stream take (max_payload, MaxMsgSize); schema changes
+// and commit markers are always messages of their own. Such a message
+// carries [HeaderChanges], the number of changes it holds, and
+// [HeaderIndex] and its Nats-Msg-Id name its first change. Its body is
+// the records a siphon JSONL stream holds for its changes: a row change's
+// table record comes before it when it is not the last table record of
+// the message (so a run of rows of one table has one), then each change
+// record, one a line. The message still reads on its own, and a consumer
+// of some tables still receives only theirs. [Consume] reads such a
+// message whole, and refuses one a Publisher does not write, before
+// delivering any of its changes. Code that reads the messages itself must
+// know this form: upgrade the consumers before the Publishers.
 //
 // # Ordering
 //
@@ -73,8 +95,8 @@
 // # Transactions
 //
 // Every message of a transaction carries its commit Position and its index
-// (0, 1, 2, ...), and the marker comes last, with the number of messages
-// before it. A consumer that reads only some subjects recognises a
+// (that of its first change, counting the transaction's changes 0, 1, 2,
+// ...), and the marker comes last, with the number of changes before it. A consumer that reads only some subjects recognises a
 // transaction's end by its marker, even when the transaction changed none
 // of its tables: it filters on its tables' subjects and <prefix>.commit.
 // [Consume] does this and delivers OpBegin, the changes, OpCommit, as
@@ -115,7 +137,8 @@
 // kept elsewhere: after the last transaction whose marker it holds, and,
 // when the stream ends inside a transaction (a publisher killed half way
 // through), it streams that transaction again without publishing the
-// messages the stream holds of it. The Nats-Msg-Id, derived from the
+// changes the stream holds of it (by their index, so this holds even when
+// MaxChangesPerMessage changed in between). The Nats-Msg-Id, derived from the
 // system identifier, the slot, the commit Position and the index, is the
 // same each time a transaction is read, so JetStream also drops a message
 // it already holds when one is sent twice (an acknowledgement lost, a
@@ -124,6 +147,12 @@
 // messages older than that would be stored twice. Resuming from the
 // stream's own last message is what keeps the Publisher independent of
 // the window, whatever time passes between a crash and the restart.
+//
+// Waiting for the acknowledgements at each commit costs a round trip to
+// the stream's leader per transaction: a workload of small transactions is
+// bound by that latency, large ones by the work per message, which
+// MaxChangesPerMessage divides (docs/performance.md in the repository has
+// the figures).
 //
 // On the consuming side, a consumer that records the end Position of the
 // last transaction it handled, and resumes with it ([ConsumeConfig.After]),

@@ -13,3 +13,9 @@ func SignForTest(key []byte, subject, systemID, slot string, xid uint32, commit 
 	h := msgHeader{systemID: systemID, slot: slot, xid: xid, commit: commit, commitTime: commitTime, index: index}
 	return hex.EncodeToString(ddlMAC(key, subject, &h, data))
 }
+
+// ParseChangesForTest reads the n changes of a message that holds several,
+// as Consume does.
+func ParseChangesForTest(data []byte, n int) ([]canonical.Change, error) {
+	return parseChanges(data, n)
+}

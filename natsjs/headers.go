@@ -29,16 +29,24 @@ const (
 	HeaderCommit = "Siphon-Commit"
 	// HeaderCommitTime is the transaction's commit time.
 	HeaderCommitTime = "Siphon-Commit-Time"
-	// HeaderIndex is the message's place in its transaction: 0, 1, 2, ...
-	// for its changes, in the order they were made, then the commit
-	// marker's.
+	// HeaderIndex is the message's place in its transaction: the index of
+	// its (first) change, counting the transaction's changes 0, 1, 2, ...
+	// in the order they were made, then the commit marker's, which is the
+	// number of changes. Without batches (see [HeaderChanges]) that is
+	// the message's own place: 0, 1, 2, ..., then the marker.
 	HeaderIndex = "Siphon-Index"
+	// HeaderChanges, on a message that holds several changes of its
+	// transaction (see [Config].MaxChangesPerMessage), is how many: the
+	// changes indexed [HeaderIndex] to [HeaderIndex]+n-1. Absent, the
+	// message holds one change.
+	HeaderChanges = "Siphon-Changes"
 	// HeaderEnd, on a commit marker, is the transaction's end Position:
 	// the Position to resume from once it is handled (the commit
 	// change's Position).
 	HeaderEnd = "Siphon-End"
-	// HeaderCount, on a commit marker, is how many messages of the
-	// transaction came before it, on every subject.
+	// HeaderCount, on a commit marker, is how many changes of the
+	// transaction came before it, on every subject (one message each,
+	// unless batched: see [HeaderChanges]).
 	HeaderCount = "Siphon-Count"
 	// HeaderPrevEnd, on a commit marker, is the end Position of the
 	// transaction published before it (0/0 when unknown: the first the
@@ -50,9 +58,10 @@ const (
 
 // MsgID returns the Nats-Msg-Id of a message: the source's system
 // identifier, the slot, the transaction's commit Position and the message's
-// index in it, joined by ':'. It is the same each time the transaction is
-// read from the slot, so JetStream drops a message it already holds
-// (within the stream's duplicate window).
+// index in it ([HeaderIndex]: that of its first change), joined by ':'. It
+// is the same each time the transaction is read from the slot, so
+// JetStream drops a message it already holds (within the stream's
+// duplicate window).
 func MsgID(systemID, slot string, commit canonical.Position, index int) string {
 	return systemID + ":" + slot + ":" + commit.String() + ":" + strconv.Itoa(index)
 }
@@ -64,6 +73,8 @@ type msgHeader struct {
 	commit         canonical.Position
 	commitTime     time.Time
 	index          int
+	// changes is how many changes the message holds (1 unless batched).
+	changes int
 	// end, count and prevEnd are a commit marker's.
 	end, prevEnd canonical.Position
 	count        int
@@ -99,6 +110,9 @@ func (t *txHeader) header(m *msgHeader, marker bool, seq uint64) nats.Header {
 	h[HeaderSystemID], h[HeaderSlot], h[HeaderXID] = t.systemID, t.slot, t.xid
 	h[HeaderCommit], h[HeaderCommitTime] = t.commit, t.commitTime
 	h[HeaderIndex] = []string{index}
+	if m.changes > 1 {
+		h[HeaderChanges] = []string{strconv.Itoa(m.changes)}
+	}
 	if marker {
 		h[HeaderEnd] = []string{m.end.String()}
 		h[HeaderCount] = []string{strconv.Itoa(m.count)}
@@ -108,7 +122,7 @@ func (t *txHeader) header(m *msgHeader, marker bool, seq uint64) nats.Header {
 }
 
 // parseHeader reads a message's headers; marker says whether it is a
-// commit marker, which has two more.
+// commit marker, which has three more (and holds one change, the commit).
 func parseHeader(h nats.Header, marker bool) (msgHeader, error) {
 	r := headerReader{h: h}
 	m := msgHeader{
@@ -118,14 +132,23 @@ func parseHeader(h nats.Header, marker bool) (msgHeader, error) {
 		commit:     r.position(HeaderCommit),
 		commitTime: r.time(HeaderCommitTime),
 		index:      int(r.uint(HeaderIndex, 31)),
+		changes:    1,
 	}
 	if marker {
 		m.end = r.position(HeaderEnd)
 		m.count = int(r.uint(HeaderCount, 31))
 		m.prevEnd = r.position(HeaderPrevEnd)
+	} else if h.Get(HeaderChanges) != "" {
+		m.changes = int(r.uint(HeaderChanges, 31))
+		if r.err == nil && m.changes < 1 {
+			r.err = fmt.Errorf("header %s: a message holds at least one change, not %d", HeaderChanges, m.changes)
+		}
 	}
 	return m, r.err
 }
+
+// last is the index of the last change the message holds.
+func (m *msgHeader) last() int { return m.index + m.changes - 1 }
 
 // headerReader reads headers, keeping the first problem.
 type headerReader struct {

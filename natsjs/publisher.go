@@ -33,6 +33,19 @@ type Config struct {
 	// continues. Defaults to zero: where the slot stands (a missing slot
 	// is created where the server's WAL stands).
 	From canonical.Position
+	// MaxChangesPerMessage lets a message hold up to this many changes:
+	// consecutive changes of one transaction on one subject (the rows a
+	// statement writes to one table, say) travel together. JetStream's
+	// work, and most of a Publisher's, goes by the message, so large
+	// transactions publish several times faster. A run of changes is split
+	// where a message would pass the largest the server and the stream
+	// take (max_payload, MaxMsgSize). Schema changes and commit markers are
+	// always messages of their own. [Consume] reads such a message as the
+	// changes it holds; code that reads the messages itself must know
+	// their form (see [HeaderChanges] and the package documentation), so
+	// upgrade consumers before Publishers. A good value is 1000.
+	// Defaults to 1: a message per change.
+	MaxChangesPerMessage int
 	// MaxPending bounds the messages published and not yet acknowledged
 	// by JetStream, and so the memory a transaction takes however large
 	// it is. Defaults to 1024.
@@ -70,7 +83,8 @@ const (
 )
 
 // Publisher publishes a slot's change stream to a JetStream stream: one
-// message per change on its table's subject, a commit marker after each
+// message per change on its table's subject (or per run of changes, see
+// [Config].MaxChangesPerMessage), a commit marker after each
 // transaction, the slot acknowledged only once JetStream has stored every
 // message of the transaction. See the package documentation for the
 // messages and the guarantees.
@@ -112,7 +126,7 @@ func (c *Config) validate() error {
 		return fail("Config.Stream is empty: name the stream to publish to")
 	case c.Slot == "":
 		return fail("Config.Slot is empty: name the replication slot to read")
-	case c.MaxPending < 0 || c.MaxPendingBytes < 0 || c.AckWait < 0 || c.MaxRetryWait < 0:
+	case c.MaxPending < 0 || c.MaxPendingBytes < 0 || c.AckWait < 0 || c.MaxRetryWait < 0 || c.MaxChangesPerMessage < 0:
 		return fail("a negative limit in Config: leave it zero for the default")
 	}
 	if err := checkPrefix(c.Prefix); err != nil {
@@ -120,6 +134,9 @@ func (c *Config) validate() error {
 	}
 	if c.Key != nil && len(c.Key) < canonical.MinKeyBytes {
 		return fail("Config.Key has %d bytes: use at least %d random bytes", len(c.Key), canonical.MinKeyBytes)
+	}
+	if c.MaxChangesPerMessage == 0 {
+		c.MaxChangesPerMessage = 1
 	}
 	if c.MaxPending == 0 {
 		c.MaxPending = defaultMaxPending

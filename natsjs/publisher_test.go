@@ -102,17 +102,22 @@ func expectMessages(prefix string, changes []canonical.Change) []expectedMsg {
 }
 
 // checkMessages checks that the stream holds exactly the expected
-// messages, in order, with their headers.
+// messages' changes, in order, with their headers: a message per change,
+// or a message holding several of one transaction on one subject (with
+// the headers of the first).
 func checkMessages(t *testing.T, got []*jetstream.RawStreamMsg, want []expectedMsg, systemID, slot string) {
 	t.Helper()
-	require.Len(t, got, len(want))
 	ids := map[string]bool{}
-	for i, m := range got {
-		w := want[i]
-		require.Equal(t, w.subject, m.Subject, "message %d", m.Sequence)
-		ch, err := canonical.ParseChange(m.Data)
-		require.NoError(t, err, "message %d: %s", m.Sequence, m.Data)
-		assert.Equal(t, w.change, ch, "message %d", m.Sequence)
+	k := 0
+	for _, m := range got {
+		changes := messageChanges(t, m)
+		require.LessOrEqual(t, k+len(changes), len(want), "message %d: more changes than the slot's", m.Sequence)
+		w := want[k]
+		for i, ch := range changes {
+			require.Equal(t, want[k+i].subject, m.Subject, "message %d, change %d", m.Sequence, i)
+			require.Equal(t, w.commit, want[k+i].commit, "message %d holds changes of one transaction", m.Sequence)
+			assert.Equal(t, want[k+i].change, ch, "message %d, change %d", m.Sequence, i)
+		}
 		h := m.Header
 		id := natsjs.MsgID(systemID, slot, w.commit, w.index)
 		assert.Equal(t, id, h.Get(nats.MsgIdHdr), "message %d", m.Sequence)
@@ -128,7 +133,26 @@ func checkMessages(t *testing.T, got []*jetstream.RawStreamMsg, want []expectedM
 			assert.Equal(t, w.end.String(), h.Get(natsjs.HeaderEnd))
 			assert.Equal(t, strconv.Itoa(w.count), h.Get(natsjs.HeaderCount))
 		}
+		k += len(changes)
 	}
+	require.Equal(t, len(want), k, "the stream holds every change")
+}
+
+// messageChanges returns the changes m holds: one, or as many as its
+// HeaderChanges says.
+func messageChanges(t *testing.T, m *jetstream.RawStreamMsg) []canonical.Change {
+	t.Helper()
+	if v := m.Header.Get(natsjs.HeaderChanges); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, "message %d", m.Sequence)
+		require.Greater(t, n, 1, "message %d: %s is set only on a message of several changes", m.Sequence, natsjs.HeaderChanges)
+		changes, err := natsjs.ParseChangesForTest(m.Data, n)
+		require.NoError(t, err, "message %d: %s", m.Sequence, m.Data)
+		return changes
+	}
+	ch, err := canonical.ParseChange(m.Data)
+	require.NoError(t, err, "message %d: %s", m.Sequence, m.Data)
+	return []canonical.Change{ch}
 }
 
 // TestPublishEveryKindOfChange publishes one transaction of each kind and
@@ -191,9 +215,28 @@ func insertOf(table string, id string) func(canonical.Change) bool {
 // TestPublisherResumesInsideATransaction stops a Publisher half way
 // through a large transaction and lets the duplicate window pass: the next
 // one completes the transaction from what the stream holds, so the stream
-// ends with every message once, without relying on deduplication.
+// ends with every change once, without relying on deduplication. So it
+// does with messages of several changes, even when the next Publisher
+// gathers them by another number (it resumes after the last change the
+// stream holds, not after a count of messages).
 func TestPublisherResumesInsideATransaction(t *testing.T) {
 	t.Parallel()
+	for _, tt := range []struct {
+		name          string
+		first, second int // MaxChangesPerMessage
+	}{
+		{"a message per change", 1, 1},
+		{"messages of 7 changes, then of 50", 7, 50},
+		{"messages of 50 changes, then one per change", 50, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			resumeInsideATransaction(t, tt.first, tt.second)
+		})
+	}
+}
+
+func resumeInsideATransaction(t *testing.T, firstBatch, secondBatch int) {
 	slot, direct := testSlot(t), testSlot(t)
 	dsn, admin, _ := newSource(t, workDDL, slot, direct)
 	const rows = 20000
@@ -208,20 +251,26 @@ func TestPublisherResumesInsideATransaction(t *testing.T) {
 	const window = 200 * time.Millisecond
 	cfg := natsjs.StreamConfig("RESUME", "r")
 	cfg.Duplicates = window
+	// The stream takes the first transaction (two messages) and a third
+	// of the large one, and refuses the rest until its limit is lifted.
+	cfg.MaxMsgs, cfg.Discard = int64(2+rows/firstBatch/3), jetstream.DiscardNew
 	s, err := js.CreateStream(context.Background(), cfg)
 	require.NoError(t, err)
-	pubCfg := natsjs.Config{Stream: "RESUME", Prefix: "r", Slot: slot, MaxPending: 16}
+	pubCfg := natsjs.Config{Stream: "RESUME", Prefix: "r", Slot: slot, MaxPending: 16, MaxChangesPerMessage: firstBatch}
 	first, err := natsjs.NewPublisher(nc, pubCfg)
 	require.NoError(t, err)
 	run := runPublisher(t, first, dsn)
 	waitFor(t, "the stream holds part of the large transaction", func() bool {
 		info, err := s.Info(context.Background())
-		return err == nil && info.State.Msgs >= rows/4
+		return err == nil && info.State.Msgs == uint64(cfg.MaxMsgs)
 	})
 	held, err := run.stop()
 	require.NoError(t, err)
+	cfg.MaxMsgs = -1
+	_, err = js.UpdateStream(context.Background(), cfg)
+	require.NoError(t, err)
 	stored := storedMessages(t, s)
-	require.Less(t, len(stored), rows, "stopped inside the large transaction")
+	require.Len(t, stored, int(2+rows/firstBatch/3), "stopped inside the large transaction")
 	last := stored[len(stored)-1]
 	assert.Equal(t, "r.public.items", last.Subject, "the stream ends inside a transaction")
 	assert.Equal(t, heldEnd(t, s, "r"), held, "Run returns the end of the last whole transaction")
@@ -229,6 +278,7 @@ func TestPublisherResumesInsideATransaction(t *testing.T) {
 	// again as a new one.
 	awaitForgotten(t, js, last)
 
+	pubCfg.MaxChangesPerMessage = secondBatch
 	second, err := natsjs.NewPublisher(nc, pubCfg)
 	require.NoError(t, err)
 	run = runPublisher(t, second, dsn)
@@ -363,6 +413,7 @@ func TestNewPublisherChecksConfig(t *testing.T) {
 		{natsjs.Config{Stream: "S", Slot: "s", Prefix: "a..b"}, `"a..b" is not a subject prefix`},
 		{natsjs.Config{Stream: "S", Slot: "s", Prefix: "a.*"}, `"a.*" is not a subject prefix`},
 		{natsjs.Config{Stream: "S", Slot: "s", MaxPending: -1}, "negative"},
+		{natsjs.Config{Stream: "S", Slot: "s", MaxChangesPerMessage: -1}, "negative"},
 	} {
 		_, err := natsjs.NewPublisher(nc, tt.cfg)
 		assert.ErrorContains(t, err, tt.problem)

@@ -52,7 +52,7 @@ func (a *attempt) resume() (canonical.Position, error) {
 	if err != nil {
 		return 0, err
 	}
-	a.held = msgKey{h.commit, h.index}
+	a.held = msgKey{h.commit, h.last()}
 	if marker {
 		a.last, a.prev = h.end, h.end
 		return h.end, nil
