@@ -67,7 +67,7 @@ func (c *Conn) BackupIncrementalAfter(ctx context.Context, prev ChainLink, w io.
 	}
 	defer release()
 	since := prev.End
-	_, bound, err := c.insertPosition(ctx)
+	bound, err := c.boundPosition(ctx)
 	if err != nil {
 		return prev, errorf("siphon: incremental backup: %w", err)
 	}

@@ -73,7 +73,7 @@ func (c *Conn) Cutover(ctx context.Context, target *Conn, opt CutoverOptions) (*
 	if target == nil {
 		return nil, errorf("siphon: cutover: the target Conn: %w", ErrNilArgument)
 	}
-	end, _, err := c.insertPosition(ctx)
+	end, err := c.boundPosition(ctx)
 	if err != nil {
 		return nil, errorf("siphon: cutover: %w", err)
 	}

@@ -252,6 +252,38 @@ func (c *Conn) insertPosition(ctx context.Context) (insert, boundary canonical.P
 	return insert, walBoundary(insert, blockSize, segSize), nil
 }
 
+// flushPrefix is the prefix of the logical decoding message flushWAL
+// writes; streams never emit it.
+const flushPrefix = "siphon.flush"
+
+// boundPosition returns the server's WAL insert position as a bound to
+// stream up to (see walBoundary), once the server has flushed its WAL
+// there: the walsender sends only flushed WAL, and WAL that an open
+// transaction inserted after the last commit may stay unflushed for long
+// on a server with no other commits, so that a stream waiting for the
+// bound would wait that long. A tiny transaction forces the flush: a
+// non-transactional logical decoding message (WAL of its own, which
+// streams leave out) in a transaction given a transaction ID, committed
+// with synchronous_commit = local; pgoutput sends nothing of the empty
+// transaction.
+func (c *Conn) boundPosition(ctx context.Context) (canonical.Position, error) {
+	_, bound, err := c.insertPosition(ctx)
+	if err != nil {
+		return 0, err
+	}
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = local"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_current_xact_id(), pg_logical_emit_message(false, $1, '')", flushPrefix)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("flush the WAL to %v: %w", bound, err)
+	}
+	return bound, nil
+}
+
 // walBoundary maps a WAL insert position to the end of the last record
 // before it. The insert position points past a page's header when the last
 // record ended exactly at the page boundary, while that record's end (what

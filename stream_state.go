@@ -207,6 +207,9 @@ func (st *streamState) handle(it *item) (done bool, err error) {
 		}
 		return false, nil
 	case canonical.OpMessage:
+		if ch.Message.Prefix == flushPrefix {
+			return false, nil // boundPosition's: WAL of its own, nothing to say
+		}
 		if ch.Message.Prefix == heartbeatPrefix {
 			if !ch.Message.Transactional {
 				return false, st.heartbeat(ch)

@@ -696,6 +696,31 @@ func TestBackupIncrementalIdleReturnsPromptly(t *testing.T) {
 		assert.Equal(t, since, recEnd)
 	}
 
+	// A transaction left open after writing: its WAL stays unflushed on a
+	// server with no other commits, and the walsender sends only flushed
+	// WAL. The incremental has the server flush to its bound first, and
+	// streams leave out the message that does it.
+	writer := connectOrFail(t, dsn)
+	execSQL(t, writer, "BEGIN", "INSERT INTO t SELECT generate_series(1, 100)")
+	before := insertPosition(t, admin)
+	var buf bytes.Buffer
+	end, err := c.BackupIncremental(ctx, since, &buf)
+	require.NoError(t, err)
+	assert.Equal(t, since, end, "nothing committed")
+	var flushed string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&flushed))
+	flushedPos, err := canonical.ParsePosition(flushed)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, flushedPos, before, "the server flushed its WAL past the open transaction's")
+	execSQL(t, writer, "ROLLBACK")
+	emitMarker(t, admin, "after")
+	changes, _ := streamUntil(t, c, since, "after")
+	for _, ch := range changes {
+		if ch.Op == canonical.OpMessage {
+			assert.NotEqual(t, "siphon.flush", ch.Message.Prefix, "the flush is never emitted")
+		}
+	}
+
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
 }
