@@ -12,15 +12,6 @@ import (
 	"github.com/siphondb/siphon/internal/sqltext"
 )
 
-// shortStatement shortens a statement for an error message.
-func shortStatement(s string) string {
-	const limit = 300
-	if len(s) > limit {
-		return s[:limit] + "..."
-	}
-	return s
-}
-
 // schemaChange applies an OpDDL change in the unit's transaction, which
 // then ends with the source transaction (a new enum value, say, is usable
 // only once committed).

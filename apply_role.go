@@ -8,7 +8,6 @@ import (
 
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/fkgraph"
-	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // How apply treats the target's own logic. Like PostgreSQL's logical
@@ -71,45 +70,6 @@ const (
 	snapshotEvents = eventInsert
 	changeEvents   = eventInsert | eventUpdate | eventDelete | eventTruncate
 )
-
-// TriggerKind says what a [Trigger] is.
-type TriggerKind string
-
-// The kinds of [Trigger].
-const (
-	TriggerKindTrigger    TriggerKind = "trigger"
-	TriggerKindRule       TriggerKind = "rule"
-	TriggerKindForeignKey TriggerKind = "foreign key" // its ON DELETE or ON UPDATE action
-)
-
-// Trigger is a piece of the target's own logic on a table: a trigger, a
-// rule, or the action of a foreign key that references the table.
-type Trigger struct {
-	Table canonical.TableName
-	Name  string // the trigger's, rule's or foreign key constraint's
-	Kind  TriggerKind
-	// Referencing is, for a foreign key, the table that holds it: the one
-	// whose rows its action changes.
-	Referencing canonical.TableName
-	// On says when it acts: "BEFORE UPDATE", "ON DELETE CASCADE"...
-	On string
-	// Fires is true for logic that would fire on applied changes although
-	// PostgreSQL's apply does not run it, false for an ENABLE REPLICA
-	// trigger or rule that PostgreSQL's apply runs and an ordinary session
-	// does not.
-	Fires bool
-}
-
-func (t Trigger) String() string {
-	s := fmt.Sprintf("%s %s on %s (%s)", t.Kind, sqltext.Ident(t.Name), t.Table, t.On)
-	if t.Kind == TriggerKindForeignKey {
-		s = fmt.Sprintf("foreign key %s of %s referencing %s (%s)", sqltext.Ident(t.Name), t.Referencing, t.Table, t.On)
-	}
-	if !t.Fires {
-		s += ", ENABLE REPLICA: would not fire"
-	}
-	return s
-}
 
 // firingQuery lists, for the tables named by $1 (schemas) and $2 (names),
 // their enabled triggers and rules with their timing and events, and the

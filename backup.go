@@ -189,17 +189,6 @@ func (c *Conn) prepareDump(ctx context.Context, opt BackupOptions) (pgdump.DumpO
 	return dumpOpts, prog, nil
 }
 
-// serverVersion reads the server's version from a pooled session's
-// parameters, without a round trip.
-func (c *Conn) serverVersion(ctx context.Context) (pgdump.Version, error) {
-	conn, err := c.pool.Acquire(ctx)
-	if err != nil {
-		return pgdump.Version{}, err
-	}
-	defer conn.Release()
-	return pgdump.ParseVersion(conn.Conn().PgConn().ParameterStatus("server_version"))
-}
-
 // identifyInBackground runs identifySystem in a goroutine and returns the
 // function that waits for its result; call it on every path (it may be
 // called more than once).
@@ -279,17 +268,6 @@ func (c *Conn) dropFailedBase(slot string) {
 	if held := c.bases.take(slot); held != nil {
 		closeSession(held.PgConn())
 	}
-}
-
-// identifySystem reads the system identifier, timeline and server version
-// with IDENTIFY_SYSTEM on a replication session of its own.
-func (c *Conn) identifySystem(ctx context.Context) (streamInfo, error) {
-	repl, err := c.newReplicationSession(ctx, nil)
-	if err != nil {
-		return streamInfo{}, err
-	}
-	defer closeSession(repl)
-	return identifySource(ctx, repl)
 }
 
 // dumpOptions checks opt and turns it into pg_dump's options.

@@ -5,9 +5,14 @@ package siphon
 // went wrong and how to fix it, and Retryable.
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -636,3 +641,130 @@ func (e *SchemaCaptureForeignError) Error() string {
 var ErrUnauthenticatedSchemaChange = errors.New("siphon: a schema change in a stream that is not authenticated with the Conn's key: " +
 	"write the stream with a Conn made WithStreamKey and read it with the same key (or a previous one), " +
 	"or apply with ApplyOptions.UnauthenticatedSchemaChanges to run the schema changes of a stream you trust")
+
+func pluralHas(n int) string {
+	if n == 1 {
+		return "has"
+	}
+	return "have"
+}
+
+func tableList(ts []canonical.TableName) string {
+	if len(ts) == 0 {
+		return "no table"
+	}
+	s := make([]string, len(ts))
+	for i, t := range ts {
+		s[i] = sqltext.Name(t.Schema, t.Name)
+	}
+	return strings.Join(s, ", ")
+}
+
+// Blocker is a session that held up slot creation, as pg_stat_activity
+// showed it.
+type Blocker struct {
+	PID              int    // the session's process ID; 0 for a prepared transaction
+	XID              uint32 // the transaction ID it holds; 0 when it holds none
+	XIDAge           int64  // transactions assigned since XID
+	State            string // "active", "idle in transaction", ... or "prepared"
+	Database         string
+	User             string
+	Application      string
+	TransactionStart time.Time // zero when unknown
+	QueryStart       time.Time // zero when unknown
+	// Query is the session's current or last statement, cut to 200
+	// characters; PREPARE TRANSACTION 'gid' for a prepared transaction.
+	Query string
+}
+
+func (b Blocker) String() string {
+	who := "pid " + strconv.Itoa(b.PID)
+	if b.PID == 0 {
+		who = "a prepared transaction"
+	}
+	s := fmt.Sprintf("%s (xid %d, age %d, %s", who, b.XID, b.XIDAge, b.State)
+	if !b.TransactionStart.IsZero() {
+		s += " since " + b.TransactionStart.UTC().Format(time.RFC3339)
+	}
+	return s + fmt.Sprintf(", application %q, database %q, user %q): %q", b.Application, b.Database, b.User, b.Query)
+}
+
+// LogValue implements [slog.LogValuer].
+func (b Blocker) LogValue() slog.Value {
+	return slog.GroupValue(slog.Int("pid", b.PID), slog.Any("xid", b.XID), slog.Int64("xid_age", b.XIDAge),
+		slog.String("state", b.State), slog.String("application", b.Application), slog.String("database", b.Database),
+		slog.String("user", b.User), slog.Time("xact_start", b.TransactionStart),
+		slog.Time("query_start", b.QueryStart), slog.String("query", b.Query))
+}
+
+// listSep returns first before a list's first item and "; " before the others.
+func listSep(i int, first string) string {
+	if i == 0 {
+		return first
+	}
+	return "; "
+}
+
+// shortStatement shortens a statement for an error message.
+func shortStatement(s string) string {
+	const limit = 300
+	if len(s) > limit {
+		return s[:limit] + "..."
+	}
+	return s
+}
+
+// isInterruption reports whether err means the session broke and a new one may
+// succeed: network errors, a server shutting down or terminating the
+// walsender, connection failures.
+func isInterruption(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if pgerr.Code(err) != "" {
+		return pgerr.IsInterruption(err)
+	}
+	var netErr net.Error
+	var connectErr *pgconn.ConnectError
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errServerEndedStream) || errors.Is(err, errServerStopping) ||
+		errors.As(err, &netErr) || errors.As(err, &connectErr)
+}
+
+// TriggerKind says what a [Trigger] is.
+type TriggerKind string
+
+// The kinds of [Trigger].
+const (
+	TriggerKindTrigger    TriggerKind = "trigger"
+	TriggerKindRule       TriggerKind = "rule"
+	TriggerKindForeignKey TriggerKind = "foreign key" // its ON DELETE or ON UPDATE action
+)
+
+// Trigger is a piece of the target's own logic on a table: a trigger, a
+// rule, or the action of a foreign key that references the table.
+type Trigger struct {
+	Table canonical.TableName
+	Name  string // the trigger's, rule's or foreign key constraint's
+	Kind  TriggerKind
+	// Referencing is, for a foreign key, the table that holds it: the one
+	// whose rows its action changes.
+	Referencing canonical.TableName
+	// On says when it acts: "BEFORE UPDATE", "ON DELETE CASCADE"...
+	On string
+	// Fires is true for logic that would fire on applied changes although
+	// PostgreSQL's apply does not run it, false for an ENABLE REPLICA
+	// trigger or rule that PostgreSQL's apply runs and an ordinary session
+	// does not.
+	Fires bool
+}
+
+func (t Trigger) String() string {
+	s := fmt.Sprintf("%s %s on %s (%s)", t.Kind, sqltext.Ident(t.Name), t.Table, t.On)
+	if t.Kind == TriggerKindForeignKey {
+		s = fmt.Sprintf("foreign key %s of %s referencing %s (%s)", sqltext.Ident(t.Name), t.Referencing, t.Table, t.On)
+	}
+	if !t.Fires {
+		s += ", ENABLE REPLICA: would not fire"
+	}
+	return s
+}

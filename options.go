@@ -536,3 +536,6 @@ func WithStreamKey(key []byte, previous ...[]byte) Option {
 		}
 	}
 }
+
+// insertsSuffix names the publication of KeylessInsertsOnly tables.
+const insertsSuffix = "_inserts"

@@ -5,117 +5,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
-
-// CheckName names a check of [Conn.Preflight] (and of the checks Connect
-// makes itself).
-type CheckName string
-
-// The checks.
-const (
-	CheckWALLevel        CheckName = "wal_level"
-	CheckEncoding        CheckName = "encoding"
-	CheckTables          CheckName = "tables"
-	CheckReplicationRole CheckName = "replication privilege"
-	CheckSlots           CheckName = "replication slots"
-	CheckWALSenders      CheckName = "WAL senders"
-	CheckSlotWALLimit    CheckName = "max_slot_wal_keep_size"
-	CheckPublication     CheckName = "publication"
-	CheckReplicaIdentity CheckName = "replica identity"
-	CheckSlot            CheckName = "slot"
-	CheckPgDump          CheckName = "pg_dump"
-	CheckDumpPrivileges  CheckName = "pg_dump privileges"
-	CheckPgRestore       CheckName = "pg_restore"
-	CheckOrigins         CheckName = "replication origins"
-	CheckApplyRole       CheckName = "session_replication_role"
-	CheckRelease         CheckName = "release"
-	CheckSchemaCapture   CheckName = "schema capture"
-)
-
-// CheckStatus says how a check came out.
-type CheckStatus string
-
-// The statuses of a check.
-const (
-	// CheckOK: siphon can do what the check is about.
-	CheckOK CheckStatus = "ok"
-	// CheckWarning: it can, with a limit or a risk the check describes.
-	CheckWarning CheckStatus = "warning"
-	// CheckFailed: it cannot until the fix is applied.
-	CheckFailed CheckStatus = "failed"
-)
-
-// Check is one thing [Conn.Preflight] looked at.
-type Check struct {
-	Name   CheckName
-	Status CheckStatus
-	// Found says what the server has, for example "wal_level is replica".
-	Found string
-	// Needed says what needs it, for example "streaming, snapshots and
-	// aligned backups".
-	Needed string
-	// Fix says exactly what to change; empty when Status is CheckOK.
-	Fix string
-}
-
-func (c Check) String() string {
-	s := fmt.Sprintf("%-8s %s: %s", c.Status, c.Name, c.Found)
-	if c.Needed != "" {
-		s += " (for " + c.Needed + ")"
-	}
-	if c.Fix != "" {
-		s += "; fix: " + c.Fix
-	}
-	return s
-}
-
-// PreflightReport says what siphon can and cannot do on a server, check by
-// check, each failed or risky one with its fix.
-type PreflightReport struct {
-	// ServerVersion is the server's version, for example "15.18".
-	ServerVersion string
-	Checks        []Check
-}
-
-// Failed returns the checks that failed.
-func (r *PreflightReport) Failed() []Check { return r.with(CheckFailed) }
-
-// Warnings returns the checks that passed with a limit or a risk.
-func (r *PreflightReport) Warnings() []Check { return r.with(CheckWarning) }
-
-func (r *PreflightReport) with(status CheckStatus) []Check {
-	var out []Check
-	for _, c := range r.Checks {
-		if c.Status == status {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// Check returns the named check, if the report has it.
-func (r *PreflightReport) Check(name CheckName) (Check, bool) {
-	for _, c := range r.Checks {
-		if c.Name == name {
-			return c, true
-		}
-	}
-	return Check{}, false
-}
-
-// String lists the checks, one a line.
-func (r *PreflightReport) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "PostgreSQL %s\n", r.ServerVersion)
-	for _, c := range r.Checks {
-		b.WriteString(c.String())
-		b.WriteByte('\n')
-	}
-	return b.String()
-}
 
 // serverFacts are what Connect reads in one round trip.
 type serverFacts struct {
@@ -192,15 +84,6 @@ func (c *Conn) checkConnect(ctx context.Context) error {
 		if ch.Status == CheckFailed {
 			return &PreflightError{Check: ch}
 		}
-	}
-	return nil
-}
-
-// checkWALLevel returns the *PreflightError of a server whose wal_level is
-// not logical, for the operations that read changes.
-func (c *Conn) checkWALLevel() error {
-	if c.walLevel.Status == CheckFailed {
-		return &PreflightError{Check: c.walLevel}
 	}
 	return nil
 }
@@ -371,47 +254,6 @@ func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
 		}
 	}
 	return []Check{pub, identity}, nil
-}
-
-// canCreatePublication says whether the role could create the publication,
-// and, when it could not, the *PrivilegeError that says what it lacks.
-func (c *Conn) canCreatePublication(ctx context.Context, tables []userTable) (*PrivilegeError, error) {
-	var names []canonical.TableName // what the publication would name (or make REPLICA IDENTITY FULL)
-	for _, t := range tables {
-		if t.usable || c.opts.keyless == KeylessFull || c.opts.keyless == KeylessInsertsOnly {
-			names = append(names, t.name)
-		}
-	}
-	schemas, relnames := nameArrays(names)
-	var role, database string
-	var create, super bool
-	var notOwned []string
-	err := c.pool.QueryRow(ctx, `SELECT current_user::text, current_database()::text, has_database_privilege(current_database(), 'CREATE'),
-		(SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
-		coalesce((SELECT array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY 1) FROM pg_class c
-		          JOIN pg_namespace n ON n.oid = c.relnamespace
-		          WHERE c.relkind IN ('r', 'p') AND NOT pg_has_role(c.relowner, 'USAGE')
-		            AND (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[]))), '{}')`,
-		schemas, relnames).Scan(&role, &database, &create, &super, &notOwned)
-	const needed = "creating the publication"
-	switch {
-	case err != nil:
-		return nil, err
-	case super:
-		return nil, nil
-	case !create:
-		return &PrivilegeError{Role: role, Privilege: "CREATE on database " + sqltext.Ident(database), Needed: needed,
-			Fix: fmt.Sprintf("have a superuser run GRANT CREATE ON DATABASE %s TO %s", sqltext.Ident(database), sqltext.Ident(role))}, nil
-	case len(notOwned) > 0:
-		alters := make([]string, len(notOwned))
-		for i, t := range notOwned {
-			alters[i] = fmt.Sprintf("ALTER TABLE %s OWNER TO %s", t, sqltext.Ident(role))
-		}
-		return &PrivilegeError{Role: role, Needed: needed,
-			Privilege: "ownership of " + strings.Join(notOwned, ", ") + " (a publication names only tables its creator owns)",
-			Fix:       "have a superuser run " + strings.Join(alters, "; ") + ", or create the publication as a superuser (the role then only reads it)"}, nil
-	}
-	return nil, nil
 }
 
 // slotCheck reports the persistent slot's state.

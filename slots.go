@@ -61,43 +61,6 @@ var (
 	anyBaseSlotPattern = regexp.MustCompile(`^siphon_(pending_)?` + ulid.Pattern + `$`)
 )
 
-// Blocker is a session that held up slot creation, as pg_stat_activity
-// showed it.
-type Blocker struct {
-	PID              int    // the session's process ID; 0 for a prepared transaction
-	XID              uint32 // the transaction ID it holds; 0 when it holds none
-	XIDAge           int64  // transactions assigned since XID
-	State            string // "active", "idle in transaction", ... or "prepared"
-	Database         string
-	User             string
-	Application      string
-	TransactionStart time.Time // zero when unknown
-	QueryStart       time.Time // zero when unknown
-	// Query is the session's current or last statement, cut to 200
-	// characters; PREPARE TRANSACTION 'gid' for a prepared transaction.
-	Query string
-}
-
-func (b Blocker) String() string {
-	who := "pid " + strconv.Itoa(b.PID)
-	if b.PID == 0 {
-		who = "a prepared transaction"
-	}
-	s := fmt.Sprintf("%s (xid %d, age %d, %s", who, b.XID, b.XIDAge, b.State)
-	if !b.TransactionStart.IsZero() {
-		s += " since " + b.TransactionStart.UTC().Format(time.RFC3339)
-	}
-	return s + fmt.Sprintf(", application %q, database %q, user %q): %q", b.Application, b.Database, b.User, b.Query)
-}
-
-// LogValue implements [slog.LogValuer].
-func (b Blocker) LogValue() slog.Value {
-	return slog.GroupValue(slog.Int("pid", b.PID), slog.Any("xid", b.XID), slog.Int64("xid_age", b.XIDAge),
-		slog.String("state", b.State), slog.String("application", b.Application), slog.String("database", b.Database),
-		slog.String("user", b.User), slog.Time("xact_start", b.TransactionStart),
-		slog.Time("query_start", b.QueryStart), slog.String("query", b.Query))
-}
-
 // blockerList logs as one group per blocker.
 type blockerList []Blocker
 
@@ -129,14 +92,6 @@ func (e *attemptBlocked) Error() string {
 }
 
 func (e *attemptBlocked) Unwrap() error { return e.cause }
-
-// listSep returns first before a list's first item and "; " before the others.
-func listSep(i int, first string) string {
-	if i == 0 {
-		return first
-	}
-	return "; "
-}
 
 // slotSpec says which slot to create.
 type slotSpec struct {
@@ -585,13 +540,6 @@ func checkSlot(ctx context.Context, q querier, name string) (bool, error) {
 	return true, nil
 }
 
-// querier is what *pgx.Conn and *pgxpool.Pool have in common.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 func wrapSlotErr(op, slot string, err error) error {
 	if err == nil {
 		return nil
@@ -602,17 +550,6 @@ func wrapSlotErr(op, slot string, err error) error {
 // jitter returns d times a random factor between 1 and 5.
 func jitter(d time.Duration) time.Duration {
 	return d + time.Duration(mathrand.Float64()*4*float64(d))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // slotLock is a dedicated session holding the slot-management advisory

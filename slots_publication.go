@@ -26,16 +26,6 @@ import (
 // publication, named with insertsSuffix, publishes only their inserts and
 // truncates.
 
-// insertsSuffix names the publication of KeylessInsertsOnly tables.
-const insertsSuffix = "_inserts"
-
-func pluralHas(n int) string {
-	if n == 1 {
-		return "has"
-	}
-	return "have"
-}
-
 // userTable is a table the publication may hold: a table or partitioned
 // table (not a partition: its parent carries it), with whether updates
 // and deletes of every one of its leaves can name their rows.
@@ -640,13 +630,43 @@ func sameTables(a, b []canonical.TableName) bool {
 	return len(set) == len(b)
 }
 
-func tableList(ts []canonical.TableName) string {
-	if len(ts) == 0 {
-		return "no table"
+// canCreatePublication says whether the role could create the publication,
+// and, when it could not, the *PrivilegeError that says what it lacks.
+func (c *Conn) canCreatePublication(ctx context.Context, tables []userTable) (*PrivilegeError, error) {
+	var names []canonical.TableName // what the publication would name (or make REPLICA IDENTITY FULL)
+	for _, t := range tables {
+		if t.usable || c.opts.keyless == KeylessFull || c.opts.keyless == KeylessInsertsOnly {
+			names = append(names, t.name)
+		}
 	}
-	s := make([]string, len(ts))
-	for i, t := range ts {
-		s[i] = sqltext.Name(t.Schema, t.Name)
+	schemas, relnames := nameArrays(names)
+	var role, database string
+	var create, super bool
+	var notOwned []string
+	err := c.pool.QueryRow(ctx, `SELECT current_user::text, current_database()::text, has_database_privilege(current_database(), 'CREATE'),
+		(SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
+		coalesce((SELECT array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY 1) FROM pg_class c
+		          JOIN pg_namespace n ON n.oid = c.relnamespace
+		          WHERE c.relkind IN ('r', 'p') AND NOT pg_has_role(c.relowner, 'USAGE')
+		            AND (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[]))), '{}')`,
+		schemas, relnames).Scan(&role, &database, &create, &super, &notOwned)
+	const needed = "creating the publication"
+	switch {
+	case err != nil:
+		return nil, err
+	case super:
+		return nil, nil
+	case !create:
+		return &PrivilegeError{Role: role, Privilege: "CREATE on database " + sqltext.Ident(database), Needed: needed,
+			Fix: fmt.Sprintf("have a superuser run GRANT CREATE ON DATABASE %s TO %s", sqltext.Ident(database), sqltext.Ident(role))}, nil
+	case len(notOwned) > 0:
+		alters := make([]string, len(notOwned))
+		for i, t := range notOwned {
+			alters[i] = fmt.Sprintf("ALTER TABLE %s OWNER TO %s", t, sqltext.Ident(role))
+		}
+		return &PrivilegeError{Role: role, Needed: needed,
+			Privilege: "ownership of " + strings.Join(notOwned, ", ") + " (a publication names only tables its creator owns)",
+			Fix:       "have a superuser run " + strings.Join(alters, "; ") + ", or create the publication as a superuser (the role then only reads it)"}, nil
 	}
-	return strings.Join(s, ", ")
+	return nil, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -161,13 +160,6 @@ type streamConfig struct {
 	// onStart runs once the slot is checked, before anything is emitted,
 	// with the Position the stream starts from.
 	onStart func(start canonical.Position, info streamInfo) error
-}
-
-// streamInfo describes the source, from IDENTIFY_SYSTEM.
-type streamInfo struct {
-	systemID      string
-	timeline      uint32
-	serverVersion string
 }
 
 type streamResult struct {
@@ -522,22 +514,6 @@ func wrapStreamError(err error, pos canonical.Position) error {
 		return &StreamInterruptedError{Position: pos, Err: err}
 	}
 	return errorf("siphon: stream changes: %w", err)
-}
-
-// isInterruption reports whether err means the session broke and a new one may
-// succeed: network errors, a server shutting down or terminating the
-// walsender, connection failures.
-func isInterruption(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	if pgerr.Code(err) != "" {
-		return pgerr.IsInterruption(err)
-	}
-	var netErr net.Error
-	var connectErr *pgconn.ConnectError
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errServerEndedStream) || errors.Is(err, errServerStopping) ||
-		errors.As(err, &netErr) || errors.As(err, &connectErr)
 }
 
 // emitError is an error returned by the caller's emit.
