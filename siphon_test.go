@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -72,7 +73,9 @@ func TestConnectWrongPasswordHidesIt(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	wrong := strings.Replace(dsn, "postgres@", role+":wrong-pw-5678@", 1)
 	_, err := siphon.Connect(context.Background(), wrong, siphon.WithLogger(logger))
-	require.Error(t, err)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the server's refusal")
+	assert.Equal(t, "28P01", pgErr.Code, "invalid_password, not another failure")
 	assert.NotContains(t, err.Error(), "wrong-pw-5678")
 	assert.NotContains(t, logs.String(), "wrong-pw-5678")
 

@@ -269,8 +269,9 @@ func TestNothingLeftByARoleWithoutReplication(t *testing.T) {
 
 	c := connect(t, roleDSN, opts...)
 	_, err := c.CurrentPosition(ctx)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "lacks the REPLICATION privilege")
+	var privilege *siphon.PrivilegeError
+	require.ErrorAs(t, err, &privilege)
+	assert.Contains(t, err.Error(), "lacks the REPLICATION attribute")
 	assert.Contains(t, err.Error(), `have a superuser run ALTER ROLE "`+role+`" WITH REPLICATION`)
 	assert.Contains(t, err.Error(), fmt.Sprintf("the publication %q this call created was dropped again", slot))
 	assert.Empty(t, siphonObjects(t, admin), "a failed CurrentPosition leaves nothing")
