@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,7 +107,8 @@ type source struct {
 
 var quiet = slog.New(slog.DiscardHandler)
 
-var slotSeq = time.Now().UnixNano() % 1e6
+// slotSeq numbers the slots of the tests, which run in parallel.
+var slotSeq atomic.Int64
 
 // newSource makes a database with the test's tables, a Conn on it with a
 // slot of its own (and opts), and removes the slot, the publication and
@@ -124,8 +126,7 @@ func newSource(t testing.TB, opts ...siphon.Option) *source {
 		INSERT INTO accounts SELECT g, 'owner ' || g, g * 10 FROM generate_series(1, 200) g;
 		INSERT INTO events (account, note) SELECT 1 + g % 200, repeat('n', g % 40) FROM generate_series(1, 500) g`)
 	require.NoError(t, err)
-	slotSeq++
-	slot := fmt.Sprintf("repo_t%d_%s", slotSeq, strings.ToLower(randomWord()))
+	slot := fmt.Sprintf("repo_t%d_%s", slotSeq.Add(1), strings.ToLower(randomWord()))
 	c, err := siphon.Connect(ctx, dsn, append([]siphon.Option{siphon.WithSlot(slot), siphon.WithPublication(slot), siphon.WithLogger(quiet)}, opts...)...)
 	require.NoError(t, err)
 	s := &source{dsn: dsn, slot: slot, conn: conn, c: c}
