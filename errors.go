@@ -23,6 +23,7 @@ import (
 	dsnpkg "github.com/siphondb/siphon/internal/dsn"
 	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/sqltext"
+	"github.com/siphondb/siphon/internal/walwire"
 	"github.com/siphondb/siphon/pgdump"
 )
 
@@ -726,7 +727,7 @@ func isInterruption(err error) bool {
 	}
 	var netErr net.Error
 	var connectErr *pgconn.ConnectError
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errServerEndedStream) || errors.Is(err, errServerStopping) ||
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, walwire.ErrServerEndedStream) || errors.Is(err, walwire.ErrServerStopping) ||
 		errors.As(err, &netErr) || errors.As(err, &connectErr)
 }
 

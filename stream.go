@@ -18,6 +18,7 @@ import (
 	"github.com/siphondb/siphon/internal/coalesce"
 	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/pgoutput"
+	"github.com/siphondb/siphon/internal/walwire"
 	"github.com/siphondb/siphon/pgdump"
 )
 
@@ -441,37 +442,33 @@ func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn
 	if senderTimeout > 0 && senderTimeout/3 < keepAlive {
 		keepAlive = senderTimeout / 3
 	}
-	w := &wire{
-		conn:        conn,
-		sock:        sock,
-		acked:       &st.acked,
-		probing:     &st.probing,
-		statusEvery: statusEvery,
-		keepAlive:   keepAlive,
-		out:         make(chan []item, batchesInFlight),
-		free:        make(chan []item, batchesInFlight+2),
-		stop:        make(chan struct{}),
-		done:        make(chan struct{}),
-	}
 	// The reader and the heartbeat writer are stopped and joined however
 	// the loop ends, a panicking emit included.
 	runCtx, cancelRun := context.WithCancel(context.Background())
-	w.dec = pgoutput.NewDecoder(func(rel *pgoutput.Relation, types map[uint32]pgoutput.TypeName) error {
-		return c.resolveColumns(runCtx, rel, types)
+	w := walwire.New(walwire.Config{
+		Conn: conn,
+		Sock: sock,
+		Decoder: pgoutput.NewDecoder(func(rel *pgoutput.Relation, types map[uint32]pgoutput.TypeName) error {
+			return c.resolveColumns(runCtx, rel, types)
+		}),
+		Acked:       &st.acked,
+		Probing:     &st.probing,
+		StatusEvery: statusEvery,
+		KeepAlive:   keepAlive,
 	})
 	st.probing.Store(st.pendingGap || st.cfg.bound != 0)
 	hb := c.startHeartbeats(st)
-	go w.run()
+	go w.Run()
 	defer func() {
-		close(w.stop)
+		w.Stop()
 		cancelRun()
 		conn.Conn().SetReadDeadline(time.Now()) // wake the reader
-		<-w.done
+		<-w.Done()
 		hb.stop()
 		c.confirmFinal(w)
 	}()
 
-	res, err := st.loop(ctx, w.out, w.free, hb.requests, statusEvery)
+	res, err := st.loop(ctx, w.Batches(), w.Free(), hb.requests, statusEvery)
 	res.resume = st.resumePos()
 	if err != nil {
 		return res, wrapStreamError(err, res.resume)
@@ -480,18 +477,18 @@ func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn
 }
 
 // confirmFinal waits until the server confirmed the stream's final
-// acknowledged position (see wire.confirmFinal), and says so in the log
+// acknowledged position (see walwire.Reader.ConfirmFinal), and says so in the log
 // when it could not: the slot then stands behind the returned Position
 // until the next stream confirms it, which replays nothing (the stream
 // skips what the consumer has).
-func (c *Conn) confirmFinal(w *wire) {
-	err := w.confirmFinal(func(ctx context.Context) (canonical.Position, error) {
+func (c *Conn) confirmFinal(w *walwire.Reader) {
+	err := w.ConfirmFinal(func(ctx context.Context) (canonical.Position, error) {
 		s, err := readSlotRow(ctx, c.pool, c.opts.slot)
 		return s.confirmed, err
 	})
 	if err != nil {
 		c.log.Warn("the slot's final position was not confirmed by the server; it may stand behind the returned Position until the next stream",
-			"slot", c.opts.slot, "position", canonical.Position(w.acked.Load()), "err", err)
+			"slot", c.opts.slot, "position", w.Acked(), "err", err)
 	}
 }
 

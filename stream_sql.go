@@ -17,6 +17,7 @@ import (
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/pgoutput"
+	"github.com/siphondb/siphon/internal/walwire"
 )
 
 // Catching up through the SQL interface.
@@ -183,8 +184,8 @@ func (c *Conn) catchUp(ctx context.Context, st *streamState, options []string, g
 	runCtx, cancelRun := context.WithCancel(ctx)
 	plan := &catchUpPlan{set: set, goal: goal, bound: st.cfg.bound, blockSize: blockSize, next: start, last: closedChan()}
 	d := &catchUpDelivery{
-		out:     make(chan []item, batchesInFlight),
-		free:    make(chan []item, batchesInFlight+2*len(workers)),
+		out:     make(chan []walwire.Item, walwire.BatchesInFlight),
+		free:    make(chan []walwire.Item, walwire.BatchesInFlight+2*len(workers)),
 		stop:    make(chan struct{}),
 		options: options,
 	}

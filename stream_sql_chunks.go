@@ -12,6 +12,7 @@ import (
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/pgoutput"
+	"github.com/siphondb/siphon/internal/walwire"
 )
 
 // The catch-up's chunks: how they are cut (catchUpPlan), read by the
@@ -163,8 +164,8 @@ func chunkEnd(end canonical.Position, blockSize int64) canonical.Position {
 
 // catchUpDelivery is the way from the workers to the stream loop.
 type catchUpDelivery struct {
-	out     chan []item
-	free    chan []item
+	out     chan []walwire.Item
+	free    chan []walwire.Item
 	stop    chan struct{} // closed when the loop is done
 	options []string      // pgoutput's options, name and value in turn
 }
@@ -181,7 +182,7 @@ func (d *catchUpDelivery) wait(ch *catchUpChunk) bool {
 }
 
 // send hands b to the loop in ch's turn; false when the loop is done.
-func (d *catchUpDelivery) send(ch *catchUpChunk, b []item) bool {
+func (d *catchUpDelivery) send(ch *catchUpChunk, b []walwire.Item) bool {
 	if !d.wait(ch) {
 		return false
 	}
@@ -195,7 +196,7 @@ func (d *catchUpDelivery) send(ch *catchUpChunk, b []item) bool {
 
 // fail hands err to the loop: in ch's turn, or at once for a nil ch.
 func (d *catchUpDelivery) fail(ch *catchUpChunk, err error) {
-	b := []item{{kind: itemError, err: err}}
+	b := []walwire.Item{{Kind: walwire.KindError, Err: err}}
 	if ch != nil {
 		d.send(ch, b)
 		return
@@ -215,12 +216,12 @@ func (d *catchUpDelivery) finish(ch *catchUpChunk) bool {
 	return true
 }
 
-func (d *catchUpDelivery) newBatch() []item {
+func (d *catchUpDelivery) newBatch() []walwire.Item {
 	select {
 	case b := <-d.free:
 		return b
 	default:
-		return make([]item, 0, batchSize)
+		return make([]walwire.Item, 0, walwire.BatchSize)
 	}
 }
 
@@ -236,7 +237,7 @@ func (w *catchUpWorker) run(ctx context.Context, p *catchUpPlan, d *catchUpDeliv
 			d.fail(ch, ch.err)
 			return
 		case ch.final:
-			if d.send(ch, []item{{kind: itemCaughtUp, walEnd: ch.start}}) {
+			if d.send(ch, []walwire.Item{{Kind: walwire.KindCaughtUp, WALEnd: ch.start}}) {
 				d.finish(ch)
 			}
 			return
@@ -249,7 +250,7 @@ func (w *catchUpWorker) run(ctx context.Context, p *catchUpPlan, d *catchUpDeliv
 		case errors.As(err, &refused):
 			// Nothing of the chunk was delivered: the walsender reads it.
 			p.stop(fmt.Sprintf("the server could not materialize a chunk of %d bytes of WAL: %v", ch.end-ch.start, refused.err))
-			if d.send(ch, []item{{kind: itemCaughtUp, walEnd: ch.start}}) {
+			if d.send(ch, []walwire.Item{{Kind: walwire.KindCaughtUp, WALEnd: ch.start}}) {
 				d.finish(ch)
 			}
 		case err != errCatchUpStopped:
@@ -277,9 +278,9 @@ func (w *catchUpWorker) read(ctx context.Context, ch *catchUpChunk, d *catchUpDe
 	b := d.newBatch()
 	delivered := false // a batch of the chunk went to the loop
 	for rows.Next() {
-		b = append(b, item{kind: itemChange})
+		b = append(b, walwire.Item{Kind: walwire.KindChange})
 		it := &b[len(b)-1]
-		ok, err := dec.Decode(rows.RawValues()[0], &it.ch)
+		ok, err := dec.Decode(rows.RawValues()[0], &it.Change)
 		if err != nil {
 			return err
 		}

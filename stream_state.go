@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/walwire"
 )
 
 // heartbeatPrefix is the prefix of siphon's heartbeat messages. They are
@@ -107,7 +108,7 @@ func (st *streamState) resumePos() canonical.Position { return st.lastEnd }
 // ctx ends, the bound is reached, the SQL catch-up is over, or an error. It
 // hands emptied batches back through free. It also asks for heartbeats
 // (through heartbeatRequests, nil for none) when the stream is idle.
-func (st *streamState) loop(ctx context.Context, in <-chan []item, free chan<- []item, heartbeatRequests chan<- struct{}, tickEvery time.Duration) (streamResult, error) {
+func (st *streamState) loop(ctx context.Context, in <-chan []walwire.Item, free chan<- []walwire.Item, heartbeatRequests chan<- struct{}, tickEvery time.Duration) (streamResult, error) {
 	st.lastEndShared.Store(uint64(st.lastEnd))
 	tick := time.NewTicker(tickEvery)
 	defer tick.Stop()
@@ -142,36 +143,36 @@ func (st *streamState) loop(ctx context.Context, in <-chan []item, free chan<- [
 
 // handle handles one item; done reports that the bound was reached or
 // the SQL catch-up is over.
-func (st *streamState) handle(it *item) (done bool, err error) {
-	switch it.kind {
-	case itemError:
-		return false, it.err
-	case itemCaughtUp:
+func (st *streamState) handle(it *walwire.Item) (done bool, err error) {
+	switch it.Kind {
+	case walwire.KindError:
+		return false, it.Err
+	case walwire.KindCaughtUp:
 		// Everything before walEnd was read, as a keepalive says; what
 		// follows is the walsender's.
 		st.caughtUp = true
-		if st.cfg.bound != 0 && it.walEnd >= st.cfg.bound {
+		if st.cfg.bound != 0 && it.WALEnd >= st.cfg.bound {
 			st.reachedBound = true
 		}
 		return true, nil
-	case itemKeepalive:
-		st.serverEnd = max(st.serverEnd, it.walEnd)
+	case walwire.KindKeepalive:
+		st.serverEnd = max(st.serverEnd, it.WALEnd)
 		if st.inTx {
 			return false, nil
 		}
 		if st.pendingGap {
-			if it.walEnd >= st.probeEnd {
+			if it.WALEnd >= st.probeEnd {
 				return false, st.gapError()
 			}
 			return false, nil
 		}
-		if st.cfg.bound != 0 && it.walEnd >= st.cfg.bound {
+		if st.cfg.bound != 0 && it.WALEnd >= st.cfg.bound {
 			st.reachedBound = true
 			return true, nil
 		}
 		return false, nil
 	}
-	ch := &it.ch
+	ch := &it.Change
 	switch ch.Op {
 	case canonical.OpBegin:
 		st.inTx = true

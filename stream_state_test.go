@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/walwire"
 )
 
 // The stream loop's rules, driven with hand-made items and no server: what
@@ -33,20 +34,20 @@ func newTestState(cfg streamConfig) (*streamState, *[]canonical.Change) {
 
 // txItems is one source transaction whose commit record starts at commit
 // and ends at end, with one insert into table.
-func txItems(commit, end canonical.Position, table string) []item {
-	return []item{
-		{kind: itemChange, ch: canonical.Change{Op: canonical.OpBegin, Position: commit}},
-		{kind: itemChange, ch: canonical.Change{Op: canonical.OpInsert, Position: commit, Schema: "public", Table: table}},
-		{kind: itemChange, ch: canonical.Change{Op: canonical.OpCommit, Position: end}},
+func txItems(commit, end canonical.Position, table string) []walwire.Item {
+	return []walwire.Item{
+		{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpBegin, Position: commit}},
+		{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpInsert, Position: commit, Schema: "public", Table: table}},
+		{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpCommit, Position: end}},
 	}
 }
 
-func messageItem(pos canonical.Position, transactional bool, prefix string, content []byte) item {
-	return item{kind: itemChange, ch: canonical.Change{Op: canonical.OpMessage, Position: pos,
+func messageItem(pos canonical.Position, transactional bool, prefix string, content []byte) walwire.Item {
+	return walwire.Item{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpMessage, Position: pos,
 		Message: &canonical.Message{Transactional: transactional, Prefix: prefix, Content: content}}}
 }
 
-func heartbeatItem(t *testing.T, pos canonical.Position, slot string, last, at canonical.Position) item {
+func heartbeatItem(t *testing.T, pos canonical.Position, slot string, last, at canonical.Position) walwire.Item {
 	t.Helper()
 	content, err := json.Marshal(heartbeatContent{Slot: slot, Last: last, At: at})
 	require.NoError(t, err)
@@ -55,7 +56,7 @@ func heartbeatItem(t *testing.T, pos canonical.Position, slot string, last, at c
 
 // feed hands items to st until one ends the stream or fails; it returns
 // how many were handled, and the last result.
-func feed(st *streamState, items ...item) (int, bool, error) {
+func feed(st *streamState, items ...walwire.Item) (int, bool, error) {
 	for i := range items {
 		done, err := st.handle(&items[i])
 		if done || err != nil {
@@ -142,7 +143,7 @@ func TestStreamStateBound(t *testing.T) {
 	t.Run("a keepalive at the bound ends it, not inside a transaction", func(t *testing.T) {
 		st, _ := newTestState(streamConfig{from: 0x100, bound: 0x300})
 		items := txItems(0x200, 0x280, "in")
-		keepalive := item{kind: itemKeepalive, walEnd: 0x300}
+		keepalive := walwire.Item{Kind: walwire.KindKeepalive, WALEnd: 0x300}
 		n, done, err := feed(st, items[0], keepalive, items[1], items[2], keepalive)
 		require.NoError(t, err)
 		assert.True(t, done)
@@ -174,7 +175,7 @@ func TestStreamStateResumeBehindTheSlot(t *testing.T) {
 	}
 	t.Run("the heartbeat that moved the slot vouches for the resume", func(t *testing.T) {
 		st, got := pending()
-		_, _, err := feed(st, append([]item{
+		_, _, err := feed(st, append([]walwire.Item{
 			messageItem(0x150, false, "app", nil), // before the resume is vouched for: skipped
 			heartbeatItem(t, 0x1f0, testSlot, 0x100, 0x200),
 		}, txItems(0x300, 0x380, "t")...)...)
@@ -195,9 +196,9 @@ func TestStreamStateResumeBehindTheSlot(t *testing.T) {
 	})
 	t.Run("reading past the probe's end without the heartbeat is a gap", func(t *testing.T) {
 		st, _ := pending()
-		_, _, err := feed(st, item{kind: itemKeepalive, walEnd: 0x3ff})
+		_, _, err := feed(st, walwire.Item{Kind: walwire.KindKeepalive, WALEnd: 0x3ff})
 		require.NoError(t, err)
-		_, _, err = feed(st, item{kind: itemKeepalive, walEnd: 0x400})
+		_, _, err = feed(st, walwire.Item{Kind: walwire.KindKeepalive, WALEnd: 0x400})
 		gapped(t, err)
 	})
 }
@@ -223,7 +224,7 @@ func TestStreamStateErrorsAndTheCaptureTable(t *testing.T) {
 	})
 	t.Run("the reader's error ends the stream", func(t *testing.T) {
 		st, _ := newTestState(streamConfig{})
-		_, _, err := feed(st, item{kind: itemError, err: io.ErrUnexpectedEOF})
+		_, _, err := feed(st, walwire.Item{Kind: walwire.KindError, Err: io.ErrUnexpectedEOF})
 		assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
 	})
 	t.Run("the schema capture's own rows are not delivered as rows", func(t *testing.T) {
@@ -231,11 +232,11 @@ func TestStreamStateErrorsAndTheCaptureTable(t *testing.T) {
 		capture := canonical.TableName{Schema: "siphon", Name: captureTableName}
 		app := canonical.TableName{Schema: "public", Name: "t"}
 		_, _, err := feed(st,
-			item{kind: itemChange, ch: canonical.Change{Op: canonical.OpBegin, Position: 0x200}},
-			item{kind: itemChange, ch: canonical.Change{Op: canonical.OpDelete, Position: 0x200, Schema: "siphon", Table: captureTableName}},
-			item{kind: itemChange, ch: canonical.Change{Op: canonical.OpTruncate, Position: 0x200, Truncated: []canonical.TableName{capture}}},
-			item{kind: itemChange, ch: canonical.Change{Op: canonical.OpTruncate, Position: 0x200, Truncated: []canonical.TableName{capture, app}}},
-			item{kind: itemChange, ch: canonical.Change{Op: canonical.OpCommit, Position: 0x280}},
+			walwire.Item{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpBegin, Position: 0x200}},
+			walwire.Item{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpDelete, Position: 0x200, Schema: "siphon", Table: captureTableName}},
+			walwire.Item{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpTruncate, Position: 0x200, Truncated: []canonical.TableName{capture}}},
+			walwire.Item{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpTruncate, Position: 0x200, Truncated: []canonical.TableName{capture, app}}},
+			walwire.Item{Kind: walwire.KindChange, Change: canonical.Change{Op: canonical.OpCommit, Position: 0x280}},
 		)
 		require.NoError(t, err)
 		require.Equal(t, []canonical.Op{canonical.OpBegin, canonical.OpTruncate, canonical.OpCommit}, ops(*got))
@@ -251,7 +252,7 @@ func TestStreamStateAfterTheCatchUp(t *testing.T) {
 	t.Parallel()
 	st, got := newTestState(streamConfig{from: 0x100})
 	items := append(txItems(0x200, 0x280, "a"), messageItem(0x300, false, "app", nil))
-	n, done, err := feed(st, append(items, item{kind: itemCaughtUp, walEnd: 0x380})...)
+	n, done, err := feed(st, append(items, walwire.Item{Kind: walwire.KindCaughtUp, WALEnd: 0x380})...)
 	require.NoError(t, err)
 	assert.True(t, done, "the catch-up's end ends its loop")
 	assert.Equal(t, 5, n)
@@ -263,7 +264,7 @@ func TestStreamStateAfterTheCatchUp(t *testing.T) {
 	assert.Equal(t, "b", (*got)[5].Table)
 
 	bounded, _ := newTestState(streamConfig{from: 0x100, bound: 0x300})
-	_, done, err = feed(bounded, item{kind: itemCaughtUp, walEnd: 0x300})
+	_, done, err = feed(bounded, walwire.Item{Kind: walwire.KindCaughtUp, WALEnd: 0x300})
 	require.NoError(t, err)
 	assert.True(t, done)
 	assert.True(t, bounded.reachedBound, "a catch-up that read up to the bound ends the incremental")

@@ -1,4 +1,8 @@
-package siphon
+// Package walwire reads a logical replication session's wire: it decodes
+// the walsender's messages into batches of items, answers its keepalives
+// and sends status updates, in one goroutine, so the stream loop that
+// consumes the batches never touches the connection.
+package walwire
 
 import (
 	"context"
@@ -19,23 +23,24 @@ import (
 )
 
 const (
-	// batchSize is the most changes the reader hands over at once; it hands
+	// BatchSize is the most changes the reader hands over at once; it hands
 	// over a partial batch before it waits for the socket.
-	batchSize = 64
-	// batchesInFlight bounds the batches decoded ahead of emit, so memory
+	BatchSize = 64
+	// BatchesInFlight bounds the batches decoded ahead of emit, so memory
 	// stays bounded however large a transaction is.
-	batchesInFlight = 4
+	BatchesInFlight = 4
 	// probeEvery is how often the reader asks the server for a keepalive
 	// while the stream waits for the walsender to reach a position
 	// (BackupIncremental's bound, the resume check).
 	probeEvery = 200 * time.Millisecond
 )
 
-var errServerEndedStream = errors.New("the server ended the replication stream")
+// ErrServerEndedStream: the walsender ended the stream (CopyDone).
+var ErrServerEndedStream = errors.New("the server ended the replication stream")
 
-// errServerStopping: the walsender is stopping (the server shuts down) and
+// ErrServerStopping: the walsender is stopping (the server shuts down) and
 // waits for a confirmation siphon cannot give; see stoppingPings.
-var errServerStopping = errors.New("the server is shutting down")
+var ErrServerStopping = errors.New("the server is shutting down")
 
 // A stopping walsender (fast or smart shutdown) sends what it has, then
 // asks for a reply again and again, right after each one, and exits only
@@ -53,42 +58,60 @@ const (
 	stoppingPingGap = 500 * time.Millisecond
 )
 
-type itemKind uint8
+// Kind says what an Item holds.
+type Kind uint8
 
 const (
-	itemChange    itemKind = iota // ch holds a decoded change
-	itemKeepalive                 // walEnd holds the server's WAL end
-	itemError                     // err ended the session
-	itemCaughtUp                  // the SQL catch-up read everything before walEnd
+	KindChange    Kind = iota // Change holds a decoded change
+	KindKeepalive             // WALEnd holds the server's WAL end
+	KindError                 // Err ended the session
+	KindCaughtUp              // a catch-up read everything before WALEnd
 )
 
-// item is what the reader hands to the stream loop, in stream order.
-type item struct {
-	kind   itemKind
-	ch     canonical.Change
-	walEnd canonical.Position
-	err    error
+// Item is what a reader hands to the stream loop, in stream order.
+type Item struct {
+	Kind   Kind
+	Change canonical.Change
+	WALEnd canonical.Position
+	Err    error
 }
 
-// wire owns the replication connection: it reads and decodes messages,
-// answers keepalives and sends status updates, in one goroutine. The stream
-// loop never touches the connection; it publishes the acknowledged position
-// through acked.
-type wire struct {
+// Config is what a Reader reads with.
+type Config struct {
+	Conn    *pgconn.PgConn // the replication session, streaming
+	Sock    *coalesce.Conn // Conn's socket
+	Decoder *pgoutput.Decoder
+	// Acked is the position the stream loop acknowledges; the reader
+	// confirms it to the server in its status updates.
+	Acked *atomic.Uint64
+	// Probing, while set, has the reader ask the server for a keepalive
+	// every probeEvery (the loop waits for the walsender to reach a
+	// position).
+	Probing     *atomic.Bool
+	StatusEvery time.Duration // status update interval
+	KeepAlive   time.Duration // status interval while the loop holds the reader back
+}
+
+// Reader owns the replication connection: it reads and decodes messages,
+// answers keepalives and sends status updates, in one goroutine (Run). The
+// stream loop never touches the connection: it takes batches from
+// Batches, gives emptied ones back to Free, and publishes the acknowledged
+// position through Config.Acked.
+type Reader struct {
 	conn        *pgconn.PgConn
-	sock        *coalesce.Conn // conn's socket
+	sock        *coalesce.Conn
 	dec         *pgoutput.Decoder
 	acked       *atomic.Uint64
 	probing     *atomic.Bool
-	statusEvery time.Duration // status update interval (WithStatusInterval)
-	keepAlive   time.Duration // status interval while blocked on the loop
+	statusEvery time.Duration
+	keepAlive   time.Duration
 
-	out  chan []item // decoded batches, to the loop
-	free chan []item // emptied batches, back from the loop
+	out  chan []Item // decoded batches, to the loop
+	free chan []Item // emptied batches, back from the loop
 	stop chan struct{}
 	done chan struct{}
 
-	batch      []item
+	batch      []Item
 	nextStatus time.Time
 	nextProbe  time.Time
 	deadline   time.Time
@@ -102,7 +125,38 @@ type wire struct {
 	failed bool
 }
 
-func (w *wire) run() {
+// New returns a reader of cfg.Conn; Run starts it.
+func New(cfg Config) *Reader {
+	return &Reader{
+		conn: cfg.Conn, sock: cfg.Sock, dec: cfg.Decoder, acked: cfg.Acked, probing: cfg.Probing,
+		statusEvery: cfg.StatusEvery, keepAlive: cfg.KeepAlive,
+		out:  make(chan []Item, BatchesInFlight),
+		free: make(chan []Item, BatchesInFlight+2),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+}
+
+// Batches are the decoded batches, in stream order; the last batch of a
+// reader that failed ends with a KindError item.
+func (w *Reader) Batches() <-chan []Item { return w.out }
+
+// Free takes back the batches the loop emptied, for reuse.
+func (w *Reader) Free() chan<- []Item { return w.free }
+
+// Stop asks the reader to stop; a read it waits in returns at the
+// connection's read deadline, which the caller sets to wake it. Stop is
+// called once.
+func (w *Reader) Stop() { close(w.stop) }
+
+// Done is closed when Run returned.
+func (w *Reader) Done() <-chan struct{} { return w.done }
+
+// Acked returns the position the loop acknowledged last.
+func (w *Reader) Acked() canonical.Position { return canonical.Position(w.acked.Load()) }
+
+// Run reads until Stop or until the session fails; it closes Done.
+func (w *Reader) Run() {
 	defer close(w.done)
 	w.batch = w.newBatch()
 	// What was decoded goes to the loop before the reader waits for more:
@@ -147,7 +201,7 @@ func (w *wire) run() {
 		case *pgproto3.ErrorResponse:
 			err = pgconn.ErrorResponseToPgError(m)
 		case *pgproto3.CopyDone:
-			err = errServerEndedStream
+			err = ErrServerEndedStream
 		}
 		if err == errWireStopped {
 			return
@@ -163,7 +217,7 @@ var errWireStopped = errors.New("stopped")
 
 // armDeadline sets the read deadline to the next timer, so a read returns
 // in time to send a status update or a probe.
-func (w *wire) armDeadline() {
+func (w *Reader) armDeadline() {
 	d := w.nextStatus
 	if w.probing.Load() && w.nextProbe.Before(d) {
 		d = w.nextProbe
@@ -175,7 +229,7 @@ func (w *wire) armDeadline() {
 }
 
 // timers sends the status update or probe that is due.
-func (w *wire) timers() error {
+func (w *Reader) timers() error {
 	now := time.Now()
 	probe := w.probing.Load() && !now.Before(w.nextProbe)
 	if probe || !now.Before(w.nextStatus) {
@@ -194,7 +248,7 @@ func (w *wire) timers() error {
 // sendStatus acknowledges the stream loop's position, as write, flush and
 // apply position alike (pglogrepl would otherwise fill in flush and apply
 // from write).
-func (w *wire) sendStatus(reply bool) error {
+func (w *Reader) sendStatus(reply bool) error {
 	pos := pglogrepl.LSN(w.acked.Load())
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), w.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos,
@@ -206,7 +260,7 @@ func (w *wire) sendStatus(reply bool) error {
 	return nil
 }
 
-func (w *wire) copyData(data []byte) error {
+func (w *Reader) copyData(data []byte) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -218,22 +272,22 @@ func (w *wire) copyData(data []byte) error {
 		}
 		if ka.ReplyRequested {
 			if w.stopping(canonical.Position(ka.ServerWALEnd)) {
-				return errServerStopping
+				return ErrServerStopping
 			}
 			if err := w.sendStatus(false); err != nil {
 				return err
 			}
 			w.nextStatus = time.Now().Add(w.statusEvery)
 		}
-		w.batch = append(w.batch, item{kind: itemKeepalive, walEnd: canonical.Position(ka.ServerWALEnd)})
+		w.batch = append(w.batch, Item{Kind: KindKeepalive, WALEnd: canonical.Position(ka.ServerWALEnd)})
 	case pglogrepl.XLogDataByteID:
 		const header = 1 + 24 // type, WAL start, WAL end, send time
 		if len(data) < header+1 {
 			return fmt.Errorf("short XLogData message (%d bytes)", len(data))
 		}
-		w.batch = append(w.batch, item{kind: itemChange})
+		w.batch = append(w.batch, Item{Kind: KindChange})
 		it := &w.batch[len(w.batch)-1]
-		ok, err := w.dec.Decode(data[header:], &it.ch)
+		ok, err := w.dec.Decode(data[header:], &it.Change)
 		if err != nil || !ok {
 			w.batch = w.batch[:len(w.batch)-1]
 			return err
@@ -247,7 +301,7 @@ func (w *wire) copyData(data []byte) error {
 
 // stopping counts a reply request for walEnd and reports whether it makes
 // stoppingPings in a row (see stoppingPings).
-func (w *wire) stopping(walEnd canonical.Position) bool {
+func (w *Reader) stopping(walEnd canonical.Position) bool {
 	now := time.Now()
 	switch {
 	case walEnd <= canonical.Position(w.acked.Load()):
@@ -265,7 +319,7 @@ func (w *wire) stopping(walEnd canonical.Position) bool {
 // (a slow emit) it keeps sending status updates, since it cannot read the
 // server's keepalives meanwhile. It returns errWireStopped when the loop asked
 // the reader to stop.
-func (w *wire) flush() error {
+func (w *Reader) flush() error {
 	if len(w.batch) == 0 {
 		return nil
 	}
@@ -295,9 +349,9 @@ func (w *wire) flush() error {
 }
 
 // fail hands what was decoded, then err, to the stream loop.
-func (w *wire) fail(err error) {
+func (w *Reader) fail(err error) {
 	w.failed = true
-	w.batch = append(w.batch, item{kind: itemError, err: err})
+	w.batch = append(w.batch, Item{Kind: KindError, Err: err})
 	b := w.batch
 	w.batch = nil
 	select {
@@ -306,12 +360,12 @@ func (w *wire) fail(err error) {
 	}
 }
 
-func (w *wire) newBatch() []item {
+func (w *Reader) newBatch() []Item {
 	select {
 	case b := <-w.free:
 		return b
 	default:
-		return make([]item, 0, batchSize)
+		return make([]Item, 0, BatchSize)
 	}
 }
 
@@ -321,14 +375,14 @@ func isReadTimeout(err error) bool {
 }
 
 // confirmTimeout bounds how long a stream that ends waits for the server
-// to confirm its final position (see confirmFinal).
+// to confirm its final position (see ConfirmFinal).
 const confirmTimeout = 15 * time.Second
 
-// errNotConfirmed: the server did not confirm the final position in time.
-var errNotConfirmed = errors.New("the server did not confirm the final position")
+// ErrNotConfirmed: the server did not confirm the final position in time.
+var ErrNotConfirmed = errors.New("the server did not confirm the final position")
 
-// confirmFinal makes sure the walsender took in the final acknowledged
-// position before the session closes, once the reader is joined. A status
+// ConfirmFinal makes sure the walsender took in the final acknowledged
+// position before the session closes, once Done is closed. A status
 // update on its own is only sent: a walsender that is terminated or whose
 // session closes before it reads the update leaves the slot behind, which
 // a loaded machine makes likely. The walsender handles its client's
@@ -337,9 +391,9 @@ var errNotConfirmed = errors.New("the server did not confirm the final position"
 // the update has been applied to the slot. A walsender in the middle of a
 // large transaction answers only once it has sent it all, but it reads
 // replies as it writes, so confirmed (the slot's position as the server
-// shows it) ends the wait too. It returns errNotConfirmed when neither
+// shows it) ends the wait too. It returns ErrNotConfirmed when neither
 // happened within confirmTimeout, or the error that broke the session.
-func (w *wire) confirmFinal(confirmed func(context.Context) (canonical.Position, error)) error {
+func (w *Reader) ConfirmFinal(confirmed func(context.Context) (canonical.Position, error)) error {
 	if w.failed || w.conn.IsClosed() {
 		return nil // nothing to confirm on: the caller resumes from its own Position
 	}
@@ -375,7 +429,7 @@ func (w *wire) confirmFinal(confirmed func(context.Context) (canonical.Position,
 			return nil
 		}
 		if !time.Now().Before(deadline) {
-			return errNotConfirmed
+			return ErrNotConfirmed
 		}
 		nextCheck = time.Now().Add(recheck)
 	}
