@@ -29,7 +29,7 @@ package siphon
 
 // captureVersion names the version of the capture's SQL; InstallSchemaCapture
 // installs it again when the installed one differs.
-const captureVersion = "siphon schema capture 2"
+const captureVersion = "siphon schema capture 3"
 
 // The objects of the capture.
 const (
@@ -172,6 +172,8 @@ BEGIN
   -- the stream counts every event of the query string.
   skip := CASE
     WHEN tag LIKE '% PUBLICATION' OR tag LIKE '% SUBSCRIPTION' THEN 'publication'
+    WHEN tag = 'COMMENT' AND commands > 0 AND NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                                                         WHERE c.object_type NOT IN ('publication', 'subscription')) THEN 'publication'
     WHEN tag LIKE 'DROP %' AND pg_catalog.jsonb_array_length(drops) = 0 AND pending.temporary_drops > 0 THEN 'temporary objects'
     WHEN tag LIKE 'DROP %' AND pg_catalog.jsonb_array_length(drops) = 0 THEN 'nothing dropped'
     WHEN commands > 0 AND kept = 0 AND pg_catalog.jsonb_array_length(drops) = 0 THEN 'temporary, an extension''s or siphon''s objects'

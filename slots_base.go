@@ -374,14 +374,13 @@ func asSlotBlocked(err error, slot string, start time.Time) error {
 // persistent slot; then the publication and its inserts-only companion
 // (see [WithKeylessTables]) when no other change-stream slot of this
 // database remains that may read them (one that does keeps them, and
-// Detach logs which at Info: a publication without a slot pins no WAL;
-// Detach again once those slots are gone drops it); and the schema capture
-// (see [Conn.InstallSchemaCapture]) once no publication it looks after
-// exists any more. The Detach that drops the database's last
-// change-stream slot, as a superuser, also drops the publications the
-// capture looks after, which no slot can read any more (those other Conns
-// kept), then the capture and schema siphon: whatever the order in which
-// two Conns detach, nothing of siphon's stays.
+// Detach logs which at Info: a publication without a slot pins no WAL);
+// and the schema capture (see [Conn.InstallSchemaCapture]) once no
+// publication it looks after exists any more. The Detach that drops the
+// database's last change-stream slot also drops every publication siphon
+// created there, which no slot can read any more (those other Conns kept),
+// and, as a superuser, the capture and schema siphon: whatever the order
+// in which two Conns detach, nothing of siphon's stays.
 //
 // It refuses, changing nothing, while the slot is in use (a stream runs:
 // stop it first), with an error wrapping [ErrSlotInUse]. What the role may
@@ -414,10 +413,13 @@ func (c *Conn) Detach(ctx context.Context) error {
 	case !slotGone:
 		d.Remaining = append(d.Remaining, fmt.Sprintf("publication %q: kept while the slot, which reads it, stays", c.opts.publication))
 	case len(others) > 0:
-		c.log.Info("publication kept: other slots of this database may read it (the Detach of the last of them drops it when the schema capture looks after it; otherwise Detach again once they are gone)",
+		c.log.Info("publication kept: other slots of this database may read it (the Detach that leaves the database without slots drops it)",
 			"publication", c.opts.publication, "slots", others)
 	default:
 		if err := c.detachPublication(ctx, lock.conn, d); err != nil {
+			return errorf("siphon: detach: %w", err)
+		}
+		if err := c.dropMadePublications(ctx, lock.conn, d); err != nil {
 			return errorf("siphon: detach: %w", err)
 		}
 	}

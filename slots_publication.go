@@ -155,7 +155,51 @@ func (c *Conn) ensurePublication(ctx context.Context) (*madePublication, error) 
 // madePublication is a publication a call created, with the change-stream
 // slots of the database when it did: a slot made since may read it.
 type madePublication struct {
-	slots []string
+	names      []string // the publication and its inserts-only companion
+	slots      []string
+	identities []string // what sets back the replica identities KeylessFull changed
+}
+
+// madeBySiphon is the comment on every publication siphon creates: the
+// Detach after which no slot of the database is left drops them all (see
+// dropMadePublications), those of Conns detached earlier, which kept
+// theirs while another slot might read them, included. Only a
+// publication's owner may comment on it, so no role can have a Detach
+// drop another role's publication by marking it.
+const madeBySiphon = "created by siphon: the Detach that leaves its database without slots drops it"
+
+// dropMadePublications drops every publication siphon created in the
+// database (see madeBySiphon) but the Conn's own, which detachPublication
+// handles, once no slot of it may read one; one the role may not drop
+// stays, and d says so.
+func (c *Conn) dropMadePublications(ctx context.Context, q querier, d *DetachIncompleteError) error {
+	rows, err := q.Query(ctx, `SELECT pubname::pg_catalog.text, pg_catalog.pg_get_userbyid(pubowner)::pg_catalog.text FROM pg_catalog.pg_publication
+		WHERE pg_catalog.obj_description(oid, 'pg_publication') = $1 AND pubname NOT IN ($2, $3) ORDER BY 1`,
+		madeBySiphon, c.opts.publication, c.opts.publication+insertsSuffix)
+	if err != nil {
+		return fmt.Errorf("list the publications siphon created: %w", err)
+	}
+	type publication struct{ name, owner string }
+	made, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (publication, error) {
+		var p publication
+		return p, row.Scan(&p.name, &p.owner)
+	})
+	if err != nil {
+		return fmt.Errorf("list the publications siphon created: %w", err)
+	}
+	for _, p := range made {
+		_, err := q.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(p.name))
+		switch {
+		case err == nil:
+			d.Removed = append(d.Removed, fmt.Sprintf("publication %q (no slot reads it any more)", p.name))
+		case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
+			d.Remaining = append(d.Remaining, fmt.Sprintf("publication %q, which no slot reads any more: only its owner %q or a superuser may drop it: "+
+				"have one run DROP PUBLICATION IF EXISTS %s (or Detach as that role)", p.name, p.owner, sqltext.Ident(p.name)))
+		default:
+			return fmt.Errorf("drop publication %q, which no slot reads any more: %w", p.name, err)
+		}
+	}
+	return nil
 }
 
 // streamSlotsQuery lists the slots of the database that may read a
@@ -210,6 +254,11 @@ func (c *Conn) undoPublication(ctx context.Context, made *madePublication, cause
 		return kept("dropping it failed: " + err.Error())
 	}
 	c.log.Info("publication dropped: the call that created it failed", "publication", c.opts.publication)
+	for _, stmt := range made.identities {
+		if _, err := lock.conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("%w (the publication %q this call created was dropped again, but %q failed: %v)", cause, c.opts.publication, stmt, err)
+		}
+	}
 	return fmt.Errorf("%w (the publication %q this call created was dropped again)", cause, c.opts.publication)
 }
 
@@ -250,7 +299,7 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePubli
 	if err != nil {
 		return err
 	}
-	if err := setReplicaIdentityFull(ctx, tx, p.full); err != nil {
+	if made.identities, err = setReplicaIdentityFull(ctx, tx, p.full); err != nil {
 		return err
 	}
 	stmt := "CREATE PUBLICATION " + sqltext.Ident(c.opts.publication)
@@ -260,12 +309,19 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePubli
 	if _, err := tx.Exec(ctx, stmt+" WITH ("+c.viaRootOption()+")"); err != nil {
 		return err
 	}
+	made.names = append(made.names, c.opts.publication)
 	if c.opts.keyless == KeylessInsertsOnly {
 		stmt := "CREATE PUBLICATION " + sqltext.Ident(c.opts.publication+insertsSuffix)
 		if len(p.inserts) > 0 {
 			stmt += " FOR TABLE " + tableList(p.inserts)
 		}
 		if _, err := tx.Exec(ctx, stmt+" WITH (publish = 'insert, truncate', "+c.viaRootOption()+")"); err != nil {
+			return err
+		}
+		made.names = append(made.names, c.opts.publication+insertsSuffix)
+	}
+	for _, name := range made.names {
+		if _, err := tx.Exec(ctx, "COMMENT ON PUBLICATION "+sqltext.Ident(name)+" IS "+sqltext.Literal(madeBySiphon)); err != nil {
 			return err
 		}
 	}
@@ -293,26 +349,44 @@ func (c *Conn) checkNamedTablesExist(tables []userTable) error {
 const missingTableProblem = "the table named by WithTables does not exist (or is temporary or unlogged): create it, or name another"
 
 // setReplicaIdentityFull sets REPLICA IDENTITY FULL on tables and, for a
-// partitioned table, on its leaves that have no usable identity.
-func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.TableName) error {
+// partitioned table, on its leaves that have no usable identity. It
+// returns the statements that set back what each had.
+func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.TableName) (undo []string, err error) {
 	for _, t := range tables {
-		rows, err := q.Query(ctx, `SELECT l.oid::regclass::text FROM pg_class l
+		rows, err := q.Query(ctx, `SELECT l.oid::regclass::text,
+			       CASE l.relreplident WHEN 'n' THEN 'NOTHING'
+			                           WHEN 'i' THEN (SELECT 'USING INDEX ' || pg_catalog.quote_ident(x.relname) FROM pg_catalog.pg_index i
+			                                          JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = l.oid AND i.indisreplident)
+			                           ELSE 'DEFAULT' END
+			FROM pg_class l
 			WHERE (l.oid = $1::regclass AND l.relkind = 'r' OR l.oid IN (SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf))
 			  AND l.relreplident <> 'f'`, sqltext.Name(t.Schema, t.Name))
 		if err != nil {
-			return fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
+			return undo, fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
 		}
-		rels, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		type identity struct{ rel, was string }
+		rels, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (identity, error) {
+			var i identity
+			var was *string
+			err := row.Scan(&i.rel, &was)
+			if was != nil {
+				i.was = *was
+			} else {
+				i.was = "DEFAULT" // its identity index is gone
+			}
+			return i, err
+		})
 		if err != nil {
-			return fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
+			return undo, fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
 		}
 		for _, rel := range rels {
-			if _, err := q.Exec(ctx, "ALTER TABLE "+rel+" REPLICA IDENTITY FULL"); err != nil {
-				return fmt.Errorf("set REPLICA IDENTITY FULL on %s (KeylessFull; the role must own it): %w", rel, err)
+			if _, err := q.Exec(ctx, "ALTER TABLE "+rel.rel+" REPLICA IDENTITY FULL"); err != nil {
+				return undo, fmt.Errorf("set REPLICA IDENTITY FULL on %s (KeylessFull; the role must own it): %w", rel.rel, err)
 			}
+			undo = append(undo, "ALTER TABLE "+rel.rel+" REPLICA IDENTITY "+rel.was)
 		}
 	}
-	return nil
+	return undo, nil
 }
 
 // viaRootOption is the publications' publish_via_partition_root, as
@@ -579,7 +653,7 @@ func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.Tabl
 	if err != nil {
 		return nil, err
 	}
-	if err := setReplicaIdentityFull(ctx, tx, p.full); err != nil {
+	if _, err := setReplicaIdentityFull(ctx, tx, p.full); err != nil { // kept: the publication stays too
 		return nil, err
 	}
 	var added []canonical.TableName

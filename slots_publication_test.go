@@ -244,7 +244,8 @@ func siphonObjects(t *testing.T, conn *pgx.Conn) []string {
 
 // TestNothingLeftByARoleWithoutReplication attaches as a role that owns its
 // tables but lacks REPLICATION: CurrentPosition creates the publication,
-// fails on the slot, drops the publication again and says who must grant
+// fails on the slot, drops the publication again (and, for KeylessFull,
+// sets back the replica identities it changed) and says who must grant
 // REPLICATION; Detach then succeeds. Where a superuser made the slot and
 // the publication for the same options, the role's Detach removes what it
 // may and returns a *DetachIncompleteError naming what stays and who may
@@ -276,6 +277,22 @@ func TestNothingLeftByARoleWithoutReplication(t *testing.T) {
 	assert.Contains(t, err.Error(), fmt.Sprintf("the publication %q this call created was dropped again", slot))
 	assert.Empty(t, siphonObjects(t, admin), "a failed CurrentPosition leaves nothing")
 	require.NoError(t, c.Detach(ctx), "Detach with nothing to remove")
+
+	// KeylessFull changes the replica identity of keyless tables for the
+	// publication; a failed creation sets back what each had.
+	execSQL(t, roleConn, `CREATE TABLE audit (at timestamptz, what text)`,
+		`CREATE TABLE notes (body text)`, `ALTER TABLE notes REPLICA IDENTITY NOTHING`)
+	full := connect(t, roleDSN, siphon.WithSlot(slot+"_full"), siphon.WithPublication(slot+"_full"), siphon.WithKeylessTables(siphon.KeylessFull))
+	_, err = full.CurrentPosition(ctx)
+	require.ErrorAs(t, err, &privilege)
+	assert.Contains(t, err.Error(), "was dropped again)")
+	assert.Empty(t, siphonObjects(t, admin), "a failed CurrentPosition leaves nothing")
+	var identities []string
+	require.NoError(t, admin.QueryRow(ctx, `SELECT array_agg(relname || ' ' || relreplident::text ORDER BY relname) FROM pg_class
+		WHERE relname IN ('audit', 'notes') AND relkind = 'r'`).Scan(&identities))
+	assert.Equal(t, []string{"audit d", "notes n"}, identities, "the replica identities KeylessFull set are set back")
+	execSQL(t, roleConn, `DROP TABLE audit, notes`)
+	require.NoError(t, full.Close())
 
 	// A superuser made the slot and the publication for the same options.
 	super := connect(t, dsn, opts...)
@@ -312,7 +329,9 @@ func TestNothingLeftByARoleWithoutReplication(t *testing.T) {
 // installed for both; both stream a change, then detach, in either order.
 // The first Detach keeps the capture (the other publication still has its
 // slot); the last one removes every publication, event trigger, function
-// and schema siphon, whatever the order.
+// and schema siphon, whatever the order. Neither stream carries the
+// COMMENT ON PUBLICATION siphon marks its publications with, nor one of
+// the user's.
 func TestLastDetachRemovesEverything(t *testing.T) {
 	t.Parallel()
 	for _, order := range []string{"first made, first detached", "last made, first detached"} {
@@ -331,10 +350,13 @@ func TestLastDetachRemovesEverything(t *testing.T) {
 				conns[i], _, starts[i] = captureConnAt(t, dsn, siphon.WithPublication(pub))
 			}
 			execSQL(t, admin, `INSERT INTO authors (name) VALUES ('ada')`, `INSERT INTO books VALUES (1, 1, 'notes')`,
-				`ALTER TABLE books ADD COLUMN pages int`)
+				`ALTER TABLE books ADD COLUMN pages int`,
+				// A publication of the user's, commented on, is no schema change
+				// for a target, any more than siphon's are.
+				`CREATE PUBLICATION app_feed FOR TABLE books`, `COMMENT ON PUBLICATION app_feed IS 'the feed'`, `DROP PUBLICATION app_feed`)
 			for i, c := range conns {
 				changes, _ := streamUntilMarker(t, admin, c, starts[i], fmt.Sprint("end", i))
-				assert.Len(t, ddlOf(changes), 1, "each publication carries the schema change")
+				assert.Len(t, ddlOf(changes), 1, "each publication carries the schema change, and only it")
 			}
 			first, last := conns[0], conns[1]
 			if order == "last made, first detached" {
@@ -345,6 +367,41 @@ func TestLastDetachRemovesEverything(t *testing.T) {
 			require.NoError(t, last.Detach(ctx))
 			assert.Empty(t, siphonObjects(t, admin), "the last Detach leaves nothing of siphon's")
 			execSQL(t, admin, `CREATE TABLE after_detach (id int PRIMARY KEY)`)
+			for _, c := range conns {
+				require.NoError(t, c.Close())
+			}
+			assertNoLeaks(t, dsn)
+		})
+	}
+}
+
+// TestLastDetachRemovesEveryPublicationWithoutCapture runs two Conns
+// without the schema capture on one database, in either order of
+// detaching: the first Detach keeps its publication (the other slot may
+// read it), the last drops both, and a publication of the user's own,
+// which siphon did not create, stays.
+func TestLastDetachRemovesEveryPublicationWithoutCapture(t *testing.T) {
+	t.Parallel()
+	for _, order := range []string{"first made, first detached", "last made, first detached"} {
+		t.Run(order, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dsn, admin := newDatabase(t)
+			execSQL(t, admin, `CREATE TABLE items (id int PRIMARY KEY, name text)`,
+				`CREATE PUBLICATION users_own FOR TABLE items`)
+			var conns [2]*siphon.Conn
+			for i := range conns {
+				pub := fmt.Sprintf("%s_%d", streamSlot(t), i)
+				conns[i], _, _ = streamConnAt(t, dsn, siphon.WithPublication(pub), siphon.WithoutSchemaCapture())
+			}
+			first, last := conns[0], conns[1]
+			if order == "last made, first detached" {
+				first, last = last, first
+			}
+			require.NoError(t, first.Detach(ctx))
+			assert.Len(t, siphonObjects(t, admin), 4, "the other Conn's slot and both publications stay, besides the user's: %v", siphonObjects(t, admin))
+			require.NoError(t, last.Detach(ctx))
+			assert.Equal(t, []string{"publication users_own"}, siphonObjects(t, admin), "the last Detach leaves nothing of siphon's, and the user's publication")
 			for _, c := range conns {
 				require.NoError(t, c.Close())
 			}
