@@ -164,7 +164,7 @@ func (s *applySession) followColumns(ctx context.Context, t *canonical.Table, ta
 	others := false // target columns the stream never had: the target's own
 	for _, tc := range target.columns {
 		switch {
-		case t.ColumnIndex(tc.name) >= 0:
+		case t.ColumnIndex(tc.name) >= 0, tc.generated: // a stream carries no generated column
 		case slices.ContainsFunc(prev, func(c canonical.Column) bool { return c.Name == tc.name }):
 			drop = append(drop, tc.name)
 		default:

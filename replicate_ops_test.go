@@ -72,9 +72,9 @@ func waitLocked(t *testing.T, admin *pgx.Conn, table string) {
 // to: Replicate with an initial snapshot reports the copy while it runs
 // (held back by a lock on the target, so that reports come), then lag in
 // time and bytes while the target is held back again, and nothing once it
-// caught up; the application stops writing, and Cutover replicates the
-// rest, sets the sequences and finds every table equal, by count and by
-// content. A write on the target afterwards shows as a difference.
+// caught up; a deploy adds a column, an index and large values; the
+// application stops writing, and Cutover replicates the rest, sets the
+// sequences and finds every table equal, by count and by content. A write on the target afterwards shows as a difference.
 func TestLiveMigrationCutover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -84,6 +84,7 @@ func TestLiveMigrationCutover(t *testing.T) {
 	target := connect(t, dstDSN)
 	forgetAppliedPosition(t, dstDSN, systemID, slot)
 
+	require.NoError(t, c.InstallSchemaCapture(ctx)) // the deploy below adds a column with a default
 	var log progressLog
 	hold := lockTable(t, dstDSN, "customers")
 	run := startReplicate(t, c, target, siphon.ReplicateOptions{Snapshot: true, ProgressInterval: 20 * time.Millisecond, Progress: log.add})
@@ -125,6 +126,14 @@ func TestLiveMigrationCutover(t *testing.T) {
 		return ok
 	})
 
+	// A deploy while Replicate runs: a column with a default, an index, and
+	// large values (stored out of line, then left unchanged by updates).
+	execSQL(t, src, `ALTER TABLE customers ADD COLUMN tier text NOT NULL DEFAULT 'basic'`,
+		`CREATE INDEX orders_by_status ON orders (status)`,
+		`ALTER TABLE products ADD COLUMN manual text`,
+		`UPDATE products SET manual = (SELECT string_agg(md5(products.id::text || g::text), '') FROM generate_series(1, 300) g) WHERE id % 3 = 0`,
+		`UPDATE products SET price = price + 2 WHERE id % 3 = 0`,
+		`UPDATE customers SET tier = 'gold' WHERE id % 5 = 0`)
 	realShopRound(t, src, 3) // the last writes, then the application stops
 	_, err := run.stop()
 	require.NoError(t, err)
