@@ -168,6 +168,27 @@ type madePublication struct {
 // drop another role's publication by marking it.
 const madeBySiphon = "created by siphon: the Detach that leaves its database without slots drops it"
 
+// markMade comments madeBySiphon on the publications a call created.
+// A schema capture of an earlier version, which took a COMMENT on a
+// publication for a schema change that targets would run (and fail on,
+// having no such publication), leaves them unmarked: a Detach then drops
+// them as before, the Conn's own only.
+func (c *Conn) markMade(ctx context.Context, tx pgx.Tx, names []string) error {
+	capture, err := c.readCapture(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if capture.installed && !capture.current {
+		return nil
+	}
+	for _, name := range names {
+		if _, err := tx.Exec(ctx, "COMMENT ON PUBLICATION "+sqltext.Ident(name)+" IS "+sqltext.Literal(madeBySiphon)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // dropMadePublications drops every publication siphon created in the
 // database (see madeBySiphon) but the Conn's own, which detachPublication
 // handles, once no slot of it may read one; one the role may not drop
@@ -320,10 +341,8 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePubli
 		}
 		made.names = append(made.names, c.opts.publication+insertsSuffix)
 	}
-	for _, name := range made.names {
-		if _, err := tx.Exec(ctx, "COMMENT ON PUBLICATION "+sqltext.Ident(name)+" IS "+sqltext.Literal(madeBySiphon)); err != nil {
-			return err
-		}
+	if err := c.markMade(ctx, tx, made.names); err != nil {
+		return err
 	}
 	c.log.Info("publication created", "publication", c.opts.publication, "tables", len(p.main), "inserts_only", tableList(p.inserts))
 	if len(p.skipped) > 0 {

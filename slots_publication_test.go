@@ -410,6 +410,31 @@ func TestLastDetachRemovesEveryPublicationWithoutCapture(t *testing.T) {
 	}
 }
 
+// TestPublicationUnmarkedUnderAnOlderCapture creates a publication while
+// a schema capture of an earlier version is installed, which would take
+// the mark (a COMMENT ON PUBLICATION) for a schema change: the publication
+// stays unmarked, and no stream carries a schema change for it.
+func TestPublicationUnmarkedUnderAnOlderCapture(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, `CREATE TABLE items (id int PRIMARY KEY, name text)`)
+	first, _, start := captureConnAt(t, dsn, siphon.WithPublication(streamSlot(t)+"_first"))
+	execSQL(t, admin, `COMMENT ON FUNCTION siphon.capture_ddl(text, text, text) IS 'siphon schema capture 2'`)
+	pub := streamSlot(t) + "_second"
+	second, _, _ := streamConnAt(t, dsn, siphon.WithPublication(pub))
+	var comment *string
+	require.NoError(t, admin.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment))
+	assert.Nil(t, comment, "no mark under an older capture")
+	changes, _ := streamUntilMarker(t, admin, first, start, "end")
+	assert.Empty(t, ddlOf(changes), "creating the second publication is no schema change")
+	require.NoError(t, second.Detach(ctx))
+	require.NoError(t, first.Detach(ctx))
+	require.NoError(t, second.Close())
+	require.NoError(t, first.Close())
+	assertNoLeaks(t, dsn)
+}
+
 // streamUntilMarker writes a marker and streams c from from up to it.
 func streamUntilMarker(t *testing.T, admin *pgx.Conn, c *siphon.Conn, from canonical.Position, marker string) ([]canonical.Change, canonical.Position) {
 	t.Helper()
