@@ -6,6 +6,7 @@ package siphon_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/pgdump"
 )
 
 // TestChainErrorsSayOnlyWhatIsKnown damages the first incremental of a
@@ -71,9 +73,11 @@ func TestEveryReplicationSessionSaysTheREPLICATIONFix(t *testing.T) {
 	targetDSN, _ := newDatabase(t)
 	target := connect(t, targetDSN)
 
+	// The server's own words follow in parentheses; they differ between
+	// releases ("must be superuser or replication role to start walsender"
+	// before 16, "permission denied to start WAL sender" since).
 	fix := fmt.Sprintf(`: role %q lacks the REPLICATION attribute (needed for replication sessions: slots, snapshots, streams, backups): `+
-		`have a superuser run ALTER ROLE %q WITH REPLICATION (FATAL: must be superuser or replication role to start walsender (SQLSTATE 42501))`,
-		role, role)
+		`have a superuser run ALTER ROLE %q WITH REPLICATION (FATAL: `, role, role)
 	calls := map[string]func() error{
 		"EmitCanonical": func() error { _, err := c.EmitCanonical(ctx, nil, io.Discard); return err },
 		"StreamChanges": func() error {
@@ -92,6 +96,11 @@ func TestEveryReplicationSessionSaysTheREPLICATIONFix(t *testing.T) {
 	}
 	for name, call := range calls {
 		err := call()
+		var oldDump *pgdump.VersionError
+		if name == "Backup" && errors.As(err, &oldDump) {
+			t.Logf("Backup not checked: %v", err) // this machine's pg_dump cannot dump the server
+			continue
+		}
 		var privErr *siphon.PrivilegeError
 		if !assert.ErrorAs(t, err, &privErr, name) {
 			continue
@@ -99,8 +108,9 @@ func TestEveryReplicationSessionSaysTheREPLICATIONFix(t *testing.T) {
 		assert.Equal(t, role, privErr.Role, name)
 		msg := err.Error()
 		assert.True(t, strings.HasPrefix(msg, "siphon: ") && strings.Count(msg, "siphon:") == 1, "%s: %s", name, msg)
+		assert.Contains(t, msg, "(SQLSTATE 42501))", "%s: the server's words follow the fix", name)
 		if name == "DropSlot" { // a function, not a session: the server says it its way
-			assert.Contains(t, msg, fmt.Sprintf("have a superuser run ALTER ROLE %q WITH REPLICATION (ERROR: must be superuser or replication role to use replication slots", role))
+			assert.Contains(t, msg, fmt.Sprintf("have a superuser run ALTER ROLE %q WITH REPLICATION (ERROR: ", role))
 			continue
 		}
 		assert.Contains(t, msg, fix, name)

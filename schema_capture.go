@@ -63,7 +63,10 @@ type captureState struct {
 }
 
 // captureStateQuery reads captureState: $1-$3 the triggers, $4 the
-// version, $5 the publication, $6 the capture table's name.
+// version, $5 the publication, $6 the capture table's name. It reads
+// pg_publication_rel, not the view pg_publication_tables, which opens
+// every published table: one dropped meanwhile failed the query ("could
+// not open relation with OID").
 const captureStateQuery = `
 WITH triggers AS (
   SELECT e.evtname, e.evtowner, e.evtfoid, p.proname, pn.nspname
@@ -85,7 +88,11 @@ SELECT
   coalesce((SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
             WHERE n.nspname = 'siphon' AND p.proname = 'capture_ddl' AND p.pronargs = 3) = $4, false),
   NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = $5),
-  EXISTS (SELECT FROM pg_catalog.pg_publication_tables WHERE pubname = $5 AND schemaname = 'siphon' AND tablename = $6),
+  EXISTS (SELECT FROM pg_catalog.pg_publication p WHERE p.pubname = $5 AND (p.puballtables
+            OR EXISTS (SELECT FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_class c ON c.oid = r.prrelid
+                       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE r.prpubid = p.oid AND n.nspname = 'siphon' AND c.relname = $6)
+            OR EXISTS (SELECT FROM pg_catalog.pg_publication_namespace pn JOIN pg_catalog.pg_namespace n ON n.oid = pn.pnnspid
+                       WHERE pn.pnpubid = p.oid AND n.nspname = 'siphon'))),
   (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user),
   coalesce((SELECT r.rolname::pg_catalog.text FROM pg_catalog.pg_roles r, triggers t WHERE t.evtname = $2 AND r.oid = t.evtowner), ''),
   coalesce((SELECT pg_catalog.array_agg(o.what || ' (owned by ' || coalesce(pg_catalog.pg_get_userbyid(o.owner)::pg_catalog.text, '?') || ')' ORDER BY o.what)
@@ -229,9 +236,10 @@ func (c *Conn) registerCapture(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	_, err = tx.Exec(ctx, `DO $add$ BEGIN
-		  IF EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = `+sqltext.Literal(c.opts.publication)+`)
-		     AND NOT EXISTS (SELECT FROM pg_catalog.pg_publication_tables WHERE pubname = `+sqltext.Literal(c.opts.publication)+`
-		                     AND schemaname = 'siphon' AND tablename = '`+captureTableName+`') THEN
+		  IF EXISTS (SELECT FROM pg_catalog.pg_publication p WHERE p.pubname = `+sqltext.Literal(c.opts.publication)+` AND NOT p.puballtables
+		               AND NOT EXISTS (SELECT FROM pg_catalog.pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = '`+captureTable+`'::pg_catalog.regclass)
+		               AND NOT EXISTS (SELECT FROM pg_catalog.pg_publication_namespace pn WHERE pn.pnpubid = p.oid
+		                                 AND pn.pnnspid = 'siphon'::pg_catalog.regnamespace)) THEN
 		    ALTER PUBLICATION `+sqltext.Ident(c.opts.publication)+` ADD TABLE `+captureTable+`;
 		  END IF;
 		END $add$`)

@@ -7,8 +7,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
 	"github.com/siphondb/siphon/canonical"
 	"github.com/siphondb/siphon/internal/fkgraph"
+	"github.com/siphondb/siphon/internal/pgerr"
 )
 
 // Snapshot is a consistent view of the database at an exact [canonical.Position]:
@@ -301,23 +304,9 @@ func (c *Conn) publishedSchema(ctx context.Context) (*canonical.Schema, error) {
 	if err != nil {
 		return nil, err
 	}
-	const op = "siphon: list published tables"
-	rows, err := c.pool.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname IN ($1, $2)",
-		c.opts.publication, c.opts.publication+insertsSuffix)
+	published, err := publishedTables(ctx, c.pool, c.opts.publication, c.opts.publication+insertsSuffix)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
-	}
-	published := map[canonical.TableName]bool{}
-	var n canonical.TableName
-	for rows.Next() {
-		if err := rows.Scan(&n.Schema, &n.Name); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("%s: %w", op, err)
-		}
-		published[n] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return nil, fmt.Errorf("siphon: list published tables: %w", err)
 	}
 	// A partitioned table is kept when something below it is published.
 	for changed := true; changed; {
@@ -335,4 +324,27 @@ func (c *Conn) publishedSchema(ctx context.Context) (*canonical.Schema, error) {
 		}
 	}
 	return schema, nil
+}
+
+// publishedTables reads which tables the publications publish, as the
+// stream names them (pg_publication_tables). That view opens every
+// published table, and one dropped while it runs fails it ("could not
+// open relation with OID", an internal error): the read is tried again,
+// a few times, on a newer catalog snapshot.
+func publishedTables(ctx context.Context, q querier, publications ...string) (map[canonical.TableName]bool, error) {
+	for attempt := 1; ; attempt++ {
+		rows, err := q.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = ANY($1)", publications)
+		if err != nil {
+			return nil, err
+		}
+		published := map[canonical.TableName]bool{}
+		var n canonical.TableName
+		_, err = pgx.ForEachRow(rows, []any{&n.Schema, &n.Name}, func() error {
+			published[n] = true
+			return nil
+		})
+		if err == nil || attempt == 5 || !pgerr.Is(err, pgerrcode.InternalError) {
+			return published, err
+		}
+	}
 }
