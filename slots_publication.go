@@ -191,8 +191,9 @@ func (c *Conn) markMade(ctx context.Context, tx pgx.Tx, names []string) error {
 
 // dropMadePublications drops every publication siphon created in the
 // database (see madeBySiphon) but the Conn's own, which detachPublication
-// handles, once no slot of it may read one; one the role may not drop
-// stays, and d says so.
+// handles, once no slot of it may read one. They were other Conns', so
+// one the role may not drop is no failure of this Detach: it stays, and a
+// warning says who may drop it.
 func (c *Conn) dropMadePublications(ctx context.Context, q querier, d *DetachIncompleteError) error {
 	rows, err := q.Query(ctx, `SELECT pubname::pg_catalog.text, pg_catalog.pg_get_userbyid(pubowner)::pg_catalog.text FROM pg_catalog.pg_publication
 		WHERE pg_catalog.obj_description(oid, 'pg_publication') = $1 AND pubname NOT IN ($2, $3) ORDER BY 1`,
@@ -212,10 +213,10 @@ func (c *Conn) dropMadePublications(ctx context.Context, q querier, d *DetachInc
 		_, err := q.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(p.name))
 		switch {
 		case err == nil:
-			d.Removed = append(d.Removed, fmt.Sprintf("publication %q (no slot reads it any more)", p.name))
+			d.Removed = append(d.Removed, fmt.Sprintf("publication %q (another Conn's; no slot reads it any more)", p.name))
 		case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
-			d.Remaining = append(d.Remaining, fmt.Sprintf("publication %q, which no slot reads any more: only its owner %q or a superuser may drop it: "+
-				"have one run DROP PUBLICATION IF EXISTS %s (or Detach as that role)", p.name, p.owner, sqltext.Ident(p.name)))
+			c.log.Warn("a publication siphon created for another Conn stays, though no slot reads it any more: only its owner or a superuser may drop it (Detach as that role, or DROP PUBLICATION)",
+				"publication", p.name, "owner", p.owner)
 		default:
 			return fmt.Errorf("drop publication %q, which no slot reads any more: %w", p.name, err)
 		}

@@ -410,6 +410,34 @@ func TestLastDetachRemovesEveryPublicationWithoutCapture(t *testing.T) {
 	}
 }
 
+// TestLastDetachLeavesAnotherOwnersPublication: a role's Detach that
+// leaves the database without slots drops the publications siphon made
+// that it may drop; a superuser's, kept when its Conn detached first,
+// stays with a warning (it is not the role's to drop), and the role's
+// Detach succeeds. The superuser's Detach again removes it.
+func TestLastDetachLeavesAnotherOwnersPublication(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	roleDSN, admin := sourceRoleWith(t, "REPLICATION")
+	role := connectOrFail(t, roleDSN)
+	execSQL(t, role, `CREATE TABLE items (id int PRIMARY KEY, name text)`)
+	var user string
+	require.NoError(t, role.QueryRow(ctx, "SELECT current_user").Scan(&user))
+	dsn := strings.Replace(roleDSN, user+":plain-pw-1234@", "postgres@", 1)
+	super, _, _ := streamConnAt(t, dsn, siphon.WithPublication(streamSlot(t)+"_super"), siphon.WithoutSchemaCapture())
+	plain, _, _ := streamConnAt(t, roleDSN, siphon.WithPublication(streamSlot(t)+"_plain"), siphon.WithoutSchemaCapture())
+	require.NoError(t, super.Detach(ctx))
+	require.NoError(t, plain.Detach(ctx), "another owner's publication is no failure of this Detach")
+	objects := siphonObjects(t, admin)
+	require.Len(t, objects, 1, "the superuser's publication stays: %v", objects)
+	assert.Contains(t, objects[0], "_super")
+	require.NoError(t, super.Detach(ctx))
+	assert.Empty(t, siphonObjects(t, admin))
+	require.NoError(t, super.Close())
+	require.NoError(t, plain.Close())
+	assertNoLeaks(t, dsn)
+}
+
 // TestPublicationUnmarkedUnderAnOlderCapture creates a publication while
 // a schema capture of an earlier version is installed, which would take
 // the mark (a COMMENT ON PUBLICATION) for a schema change: the publication
