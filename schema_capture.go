@@ -88,7 +88,8 @@ SELECT
   coalesce((SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
             WHERE n.nspname = 'siphon' AND p.proname = 'capture_ddl' AND p.pronargs = 3) = $4, false),
   NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = $5),
-  EXISTS (SELECT FROM pg_catalog.pg_publication p WHERE p.pubname = $5 AND (p.puballtables
+  EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'siphon' AND c.relname = $6)
+  AND EXISTS (SELECT FROM pg_catalog.pg_publication p WHERE p.pubname = $5 AND (p.puballtables
             OR EXISTS (SELECT FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_class c ON c.oid = r.prrelid
                        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE r.prpubid = p.oid AND n.nspname = 'siphon' AND c.relname = $6)
             OR EXISTS (SELECT FROM pg_catalog.pg_publication_namespace pn JOIN pg_catalog.pg_namespace n ON n.oid = pn.pnnspid

@@ -141,10 +141,15 @@ func (c *Conn) ensureSlot(ctx context.Context) (slotCreated, error) {
 	if err != nil {
 		return slotCreated{}, err
 	}
+	var identities []replicaIdentity // what KeylessFull changed, over the attempts
 	for tries := 1; ; tries++ {
 		made, err := c.ensurePublication(ctx)
 		if err != nil {
 			return slotCreated{}, err
+		}
+		if made != nil {
+			identities = append(identities, made.identities...)
+			made.identities = identities
 		}
 		exists, err := checkSlot(ctx, c.pool, c.opts.slot)
 		if err != nil {

@@ -378,9 +378,11 @@ func asSlotBlocked(err error, slot string, start time.Time) error {
 // and the schema capture (see [Conn.InstallSchemaCapture]) once no
 // publication it looks after exists any more. The Detach that drops the
 // database's last change-stream slot also drops every publication siphon
-// created there, which no slot can read any more (those other Conns kept),
-// and, as a superuser, the capture and schema siphon: whatever the order
-// in which two Conns detach, nothing of siphon's stays.
+// created and marked there (a comment; publications of earlier versions,
+// or made while an older schema capture was installed, carry none) that
+// the role may drop, which no slot can read any more (those other Conns
+// kept), and, as a superuser, the capture and schema siphon: whatever the
+// order in which two Conns detach, nothing of siphon's stays.
 //
 // It refuses, changing nothing, while the slot is in use (a stream runs:
 // stop it first), with an error wrapping [ErrSlotInUse]. What the role may
@@ -413,7 +415,7 @@ func (c *Conn) Detach(ctx context.Context) error {
 	case !slotGone:
 		d.Remaining = append(d.Remaining, fmt.Sprintf("publication %q: kept while the slot, which reads it, stays", c.opts.publication))
 	case len(others) > 0:
-		c.log.Info("publication kept: other slots of this database may read it (the Detach that leaves the database without slots drops it)",
+		c.log.Info("publication kept: other slots of this database may read it (the Detach that leaves the database without slots drops it if siphon marked it; otherwise Detach again once they are gone)",
 			"publication", c.opts.publication, "slots", others)
 	default:
 		if err := c.detachPublication(ctx, lock.conn, d); err != nil {

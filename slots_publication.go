@@ -157,7 +157,7 @@ func (c *Conn) ensurePublication(ctx context.Context) (*madePublication, error) 
 type madePublication struct {
 	names      []string // the publication and its inserts-only companion
 	slots      []string
-	identities []string // what sets back the replica identities KeylessFull changed
+	identities []replicaIdentity // what KeylessFull changed
 }
 
 // madeBySiphon is the comment on every publication siphon creates: the
@@ -209,14 +209,23 @@ func (c *Conn) dropMadePublications(ctx context.Context, q querier, d *DetachInc
 	if err != nil {
 		return fmt.Errorf("list the publications siphon created: %w", err)
 	}
+	if len(made) == 0 {
+		return nil
+	}
+	// Its owner may hold a lock on it: a Detach, which holds the
+	// slot-management lock, waits for none.
+	if _, err := q.Exec(ctx, "SET lock_timeout = '5s'"); err != nil {
+		return err
+	}
+	defer q.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")
 	for _, p := range made {
 		_, err := q.Exec(ctx, "DROP PUBLICATION IF EXISTS "+sqltext.Ident(p.name))
 		switch {
 		case err == nil:
 			d.Removed = append(d.Removed, fmt.Sprintf("publication %q (another Conn's; no slot reads it any more)", p.name))
-		case pgerr.Is(err, pgerrcode.InsufficientPrivilege):
-			c.log.Warn("a publication siphon created for another Conn stays, though no slot reads it any more: only its owner or a superuser may drop it (Detach as that role, or DROP PUBLICATION)",
-				"publication", p.name, "owner", p.owner)
+		case pgerr.Is(err, pgerrcode.InsufficientPrivilege, pgerrcode.LockNotAvailable):
+			c.log.Warn("a publication siphon created for another Conn stays, though no slot reads it any more: only its owner or a superuser may drop it, once no session holds it (Detach as that role, or DROP PUBLICATION)",
+				"publication", p.name, "owner", p.owner, "err", err)
 		default:
 			return fmt.Errorf("drop publication %q, which no slot reads any more: %w", p.name, err)
 		}
@@ -276,10 +285,9 @@ func (c *Conn) undoPublication(ctx context.Context, made *madePublication, cause
 		return kept("dropping it failed: " + err.Error())
 	}
 	c.log.Info("publication dropped: the call that created it failed", "publication", c.opts.publication)
-	for _, stmt := range made.identities {
-		if _, err := lock.conn.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("%w (the publication %q this call created was dropped again, but %q failed: %v)", cause, c.opts.publication, stmt, err)
-		}
+	if failed := restoreReplicaIdentities(ctx, lock.conn, made.identities); len(failed) > 0 {
+		return fmt.Errorf("%w (the publication %q this call created was dropped again, but setting back the replica identities KeylessFull changed failed: %s)",
+			cause, c.opts.publication, strings.Join(failed, "; "))
 	}
 	return fmt.Errorf("%w (the publication %q this call created was dropped again)", cause, c.opts.publication)
 }
@@ -369,44 +377,69 @@ func (c *Conn) checkNamedTablesExist(tables []userTable) error {
 const missingTableProblem = "the table named by WithTables does not exist (or is temporary or unlogged): create it, or name another"
 
 // setReplicaIdentityFull sets REPLICA IDENTITY FULL on tables and, for a
-// partitioned table, on its leaves that have no usable identity. It
-// returns the statements that set back what each had.
-func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.TableName) (undo []string, err error) {
+// partitioned table, on its leaves that are not FULL already. It returns
+// what each had, for restoreReplicaIdentities.
+func setReplicaIdentityFull(ctx context.Context, q querier, tables []canonical.TableName) ([]replicaIdentity, error) {
+	var changed []replicaIdentity
 	for _, t := range tables {
-		rows, err := q.Query(ctx, `SELECT l.oid::regclass::text,
-			       CASE l.relreplident WHEN 'n' THEN 'NOTHING'
-			                           WHEN 'i' THEN (SELECT 'USING INDEX ' || pg_catalog.quote_ident(x.relname) FROM pg_catalog.pg_index i
-			                                          JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = l.oid AND i.indisreplident)
-			                           ELSE 'DEFAULT' END
-			FROM pg_class l
-			WHERE (l.oid = $1::regclass AND l.relkind = 'r' OR l.oid IN (SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf))
+		// An identity index that is gone leaves the table as NOTHING.
+		rows, err := q.Query(ctx, `SELECT pg_catalog.format('%I.%I', n.nspname, l.relname),
+			       CASE l.relreplident WHEN 'd' THEN 'DEFAULT'
+			                           WHEN 'i' THEN coalesce((SELECT 'USING INDEX ' || pg_catalog.quote_ident(x.relname) FROM pg_catalog.pg_index i
+			                                          JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = l.oid AND i.indisreplident), 'NOTHING')
+			                           ELSE 'NOTHING' END
+			FROM pg_catalog.pg_class l JOIN pg_catalog.pg_namespace n ON n.oid = l.relnamespace
+			WHERE (l.oid = $1::pg_catalog.regclass AND l.relkind = 'r'
+			       OR l.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree($1::pg_catalog.regclass) WHERE isleaf))
 			  AND l.relreplident <> 'f'`, sqltext.Name(t.Schema, t.Name))
 		if err != nil {
-			return undo, fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
+			return changed, fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
 		}
-		type identity struct{ rel, was string }
-		rels, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (identity, error) {
-			var i identity
-			var was *string
-			err := row.Scan(&i.rel, &was)
-			if was != nil {
-				i.was = *was
-			} else {
-				i.was = "DEFAULT" // its identity index is gone
-			}
-			return i, err
+		rels, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (replicaIdentity, error) {
+			var r replicaIdentity
+			return r, row.Scan(&r.rel, &r.was)
 		})
 		if err != nil {
-			return undo, fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
+			return changed, fmt.Errorf("set REPLICA IDENTITY FULL on %s: %w", t, err)
 		}
-		for _, rel := range rels {
-			if _, err := q.Exec(ctx, "ALTER TABLE "+rel.rel+" REPLICA IDENTITY FULL"); err != nil {
-				return undo, fmt.Errorf("set REPLICA IDENTITY FULL on %s (KeylessFull; the role must own it): %w", rel.rel, err)
+		for _, r := range rels {
+			if _, err := q.Exec(ctx, "ALTER TABLE "+r.rel+" REPLICA IDENTITY FULL"); err != nil {
+				return changed, fmt.Errorf("set REPLICA IDENTITY FULL on %s (KeylessFull; the role must own it): %w", r.rel, err)
 			}
-			undo = append(undo, "ALTER TABLE "+rel.rel+" REPLICA IDENTITY "+rel.was)
+			changed = append(changed, r)
 		}
 	}
-	return undo, nil
+	return changed, nil
+}
+
+// replicaIdentity is a table's replica identity before KeylessFull made
+// it FULL.
+type replicaIdentity struct {
+	rel string // the table, qualified and quoted
+	was string // DEFAULT, NOTHING or USING INDEX name
+}
+
+// restoreReplicaIdentities sets back the replica identities a failed
+// creation changed (see undoPublication), except on a table that some
+// publication publishes now, whose updates and deletes FULL keeps
+// working. It returns the statements that failed.
+func restoreReplicaIdentities(ctx context.Context, q querier, changed []replicaIdentity) []string {
+	var failed []string
+	for _, r := range changed {
+		var published bool
+		err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE puballtables)
+			OR EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr
+			           WHERE pr.prrelid = $1::pg_catalog.regclass OR pr.prrelid IN (SELECT relid FROM pg_catalog.pg_partition_ancestors($1::pg_catalog.regclass)))
+			OR EXISTS (SELECT FROM pg_catalog.pg_publication_namespace pn JOIN pg_catalog.pg_class c ON c.relnamespace = pn.pnnspid
+			           WHERE c.oid = $1::pg_catalog.regclass)`, r.rel).Scan(&published)
+		if err == nil && !published {
+			_, err = q.Exec(ctx, "ALTER TABLE "+r.rel+" REPLICA IDENTITY "+r.was)
+		}
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY %s: %v", r.rel, r.was, err))
+		}
+	}
+	return failed
 }
 
 // viaRootOption is the publications' publish_via_partition_root, as

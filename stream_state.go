@@ -148,7 +148,7 @@ func (st *streamState) handle(it *walwire.Item) (done bool, err error) {
 	case walwire.KindError:
 		return false, it.Err
 	case walwire.KindCaughtUp:
-		// Everything before walEnd was read, as a keepalive says; what
+		// Everything before WALEnd was read, as a keepalive says; what
 		// follows is the walsender's.
 		st.caughtUp = true
 		if st.cfg.bound != 0 && it.WALEnd >= st.cfg.bound {

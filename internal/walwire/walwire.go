@@ -35,11 +35,13 @@ const (
 	probeEvery = 200 * time.Millisecond
 )
 
-// ErrServerEndedStream: the walsender ended the stream (CopyDone).
+// ErrServerEndedStream is returned when the walsender ended the stream
+// (CopyDone).
 var ErrServerEndedStream = errors.New("the server ended the replication stream")
 
-// ErrServerStopping: the walsender is stopping (the server shuts down) and
-// waits for a confirmation siphon cannot give; see stoppingPings.
+// ErrServerStopping is returned when the walsender is stopping (the
+// server shuts down) and waits for a confirmation siphon cannot give; see
+// stoppingPings.
 var ErrServerStopping = errors.New("the server is shutting down")
 
 // A stopping walsender (fast or smart shutdown) sends what it has, then
@@ -61,6 +63,7 @@ const (
 // Kind says what an Item holds.
 type Kind uint8
 
+// The kinds of Item.
 const (
 	KindChange    Kind = iota // Change holds a decoded change
 	KindKeepalive             // WALEnd holds the server's WAL end
@@ -78,9 +81,9 @@ type Item struct {
 
 // Config is what a Reader reads with.
 type Config struct {
-	Conn    *pgconn.PgConn // the replication session, streaming
-	Sock    *coalesce.Conn // Conn's socket
-	Decoder *pgoutput.Decoder
+	Conn    *pgconn.PgConn    // the replication session, streaming
+	Sock    *coalesce.Conn    // Conn's socket
+	Decoder *pgoutput.Decoder // decodes the XLogData messages
 	// Acked is the position the stream loop acknowledges; the reader
 	// confirms it to the server in its status updates.
 	Acked *atomic.Uint64
@@ -378,7 +381,8 @@ func isReadTimeout(err error) bool {
 // to confirm its final position (see ConfirmFinal).
 const confirmTimeout = 15 * time.Second
 
-// ErrNotConfirmed: the server did not confirm the final position in time.
+// ErrNotConfirmed is returned when the server did not confirm the final
+// position in time.
 var ErrNotConfirmed = errors.New("the server did not confirm the final position")
 
 // ConfirmFinal makes sure the walsender took in the final acknowledged
