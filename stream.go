@@ -371,12 +371,15 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 			return caught, err
 		}
 		start = st.lastEnd // the walsender goes on from the last transaction delivered
+		// What the catch-up delivered is handled: a failure (or a
+		// cancelled ctx) from here on returns its end, not the start.
+		res.resume = st.resumePos()
 	}
 	err = pglogrepl.StartReplication(ctx, conn, c.opts.slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
 		PluginArgs: replicationArgs(options),
 	})
 	if err != nil {
-		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), st.resumePos())
+		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.resume)
 	}
 	c.log.Info("stream started", "slot", c.opts.slot, "from", start, "slot_position", slot.confirmed)
 	return c.run(ctx, conn, sock, st, timeout)
