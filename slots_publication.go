@@ -155,7 +155,6 @@ func (c *Conn) ensurePublication(ctx context.Context) (*madePublication, error) 
 // madePublication is a publication a call created, with the change-stream
 // slots of the database when it did: a slot made since may read it.
 type madePublication struct {
-	names      []string // the publication and its inserts-only companion
 	slots      []string
 	identities []replicaIdentity // what KeylessFull changed
 }
@@ -339,7 +338,7 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePubli
 	if _, err := tx.Exec(ctx, stmt+" WITH ("+c.viaRootOption()+")"); err != nil {
 		return err
 	}
-	made.names = append(made.names, c.opts.publication)
+	names := []string{c.opts.publication} // what this call created, to mark
 	if c.opts.keyless == KeylessInsertsOnly {
 		stmt := "CREATE PUBLICATION " + sqltext.Ident(c.opts.publication+insertsSuffix)
 		if len(p.inserts) > 0 {
@@ -348,9 +347,9 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePubli
 		if _, err := tx.Exec(ctx, stmt+" WITH (publish = 'insert, truncate', "+c.viaRootOption()+")"); err != nil {
 			return err
 		}
-		made.names = append(made.names, c.opts.publication+insertsSuffix)
+		names = append(names, c.opts.publication+insertsSuffix)
 	}
-	if err := c.markMade(ctx, tx, made.names); err != nil {
+	if err := c.markMade(ctx, tx, names); err != nil {
 		return err
 	}
 	c.log.Info("publication created", "publication", c.opts.publication, "tables", len(p.main), "inserts_only", tableList(p.inserts))
