@@ -17,7 +17,8 @@
 //     directory SIPHON_TEST_SERVER_BIN or [WithServerBin] names, to test on
 //     another release, else those on PATH or under
 //     /usr/lib/postgresql/*/bin): a throwaway cluster in a temporary
-//     directory on a free loopback port, with fsync off. When the test runs
+//     directory on a free loopback port, with fsync off and WAL segments
+//     not zero-filled (a test server need not survive a crash). When the test runs
 //     as root the server runs as the unprivileged "postgres" user (or
 //     "nobody"), since PostgreSQL refuses to run as root. The superuser
 //     "postgres" connects without a password; every other role must give
@@ -30,8 +31,11 @@
 //
 // One server is shared by all the tests of a test binary and started once
 // (a second or two for initdb and start-up); [Server.NewDatabase] then
-// creates a database in a fraction of a second and drops it when the test
-// ends, after terminating its sessions and dropping its replication slots.
+// creates a database in a fraction of a second (from PostgreSQL 15 on with
+// STRATEGY FILE_COPY: the default writes the template's pages to the WAL,
+// which every logical slot of the shared server would then read) and drops
+// it when the test ends, after terminating its sessions and dropping its
+// replication slots.
 //
 // A local server is watched by a small reaper process that stops it and
 // removes its directory as soon as the test binary exits, however it exits:

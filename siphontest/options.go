@@ -29,6 +29,7 @@ func newConfig(opts []Option) config {
 			"fsync":                 "off",
 			"synchronous_commit":    "off",
 			"full_page_writes":      "off",
+			"wal_init_zero":         "off",
 			"listen_addresses":      "127.0.0.1",
 		},
 	}
