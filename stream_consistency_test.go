@@ -496,6 +496,7 @@ func TestStreamInterruptionsDeliverExactlyOnce(t *testing.T) {
 		resume    = start            // where the next run starts
 		pending   []canonical.Change // the open transaction
 		seenEnd   bool
+		barren    int // runs in a row that delivered nothing
 		runs      = map[string]int{}
 		markerOut = false
 	)
@@ -521,15 +522,21 @@ func TestStreamInterruptionsDeliverExactlyOnce(t *testing.T) {
 		}
 		// Runs also end a random while after their stream started, even
 		// when idle: counted from the start, not from the call, so that a
-		// slow start (a loaded machine) does not use the run up.
+		// slow start does not use the run up; and a run's while doubles
+		// with each run before it that delivered nothing, so that one
+		// whose walsender takes longer than it to decode its way to the
+		// first change (a loaded machine, a shared server's WAL) still
+		// makes progress, where a fixed while would cut every run short.
 		runCtx, cancel := context.WithCancel(ctx)
-		end := time.Duration(20+rng.IntN(300)) * time.Millisecond
+		end := time.Duration(20+rng.IntN(300)) * time.Millisecond << min(barren, 8)
 		fire := sync.OnceFunc(func() {
 			time.AfterFunc(end, cancel)
 		})
 		onStart.Store(&fire)
 		pending = nil
+		delivered := false
 		pos, err := c.StreamChanges(runCtx, resume, func(ch canonical.Change) error {
+			delivered = true
 			if ch.Op == canonical.OpMessage && ch.Message.Prefix == markerPrefix {
 				seenEnd = true
 				cancel()
@@ -571,6 +578,11 @@ func TestStreamInterruptionsDeliverExactlyOnce(t *testing.T) {
 		}
 		require.Equal(t, lastEnd, pos, "the returned position is the last handled transaction's end")
 		resume = lastEnd
+		if delivered {
+			barren = 0
+		} else {
+			barren++
+		}
 	}
 	t.Logf("runs: %v, transactions handled: %d", runs, len(handled))
 	assert.Greater(t, runs["emit error"]+runs["cancel"]+runs["interrupted"], 3, "the consumer was interrupted several times")
