@@ -308,3 +308,45 @@ func column(t *testing.T, conn *pgx.Conn, query string) []string {
 	require.NoError(t, err)
 	return out
 }
+
+// TestCaptureThroughAUsersPublication gives siphon a publication its user
+// made, one that publishes the capture's table without naming it: FOR ALL
+// TABLES, or FOR TABLES IN SCHEMA naming siphon's schema. The capture sees
+// its table published (siphon adds nothing to such a publication, which
+// PostgreSQL would refuse anyway) and the stream carries schema changes.
+func TestCaptureThroughAUsersPublication(t *testing.T) {
+	t.Parallel()
+	for name, create := range map[string]string{
+		"for all tables":           "CREATE PUBLICATION %s FOR ALL TABLES",
+		"for tables in the schema": "CREATE PUBLICATION %s FOR TABLES IN SCHEMA public, siphon",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dsn, admin := newDatabase(t)
+			execSQL(t, admin, `CREATE TABLE items (id int PRIMARY KEY, name text)`, `CREATE SCHEMA siphon`)
+			pub := streamSlot(t) + "_users"
+			execSQL(t, admin, fmt.Sprintf(create, pgx.Identifier{pub}.Sanitize()))
+			c, _, start := captureConnAt(t, dsn, siphon.WithPublication(pub))
+			execSQL(t, admin, `ALTER TABLE items ADD COLUMN note text`, `INSERT INTO items VALUES (1, 'a', 'b')`,
+				`CREATE TABLE later (id int PRIMARY KEY)`, `INSERT INTO later VALUES (1)`)
+			changes, _ := streamUntilMarker(t, admin, c, start, "end")
+			assert.Equal(t, []string{"ALTER TABLE items ADD COLUMN note text", "CREATE TABLE later (id int PRIMARY KEY)"},
+				statementsOf(ddlOf(changes)))
+			inserts := map[string]int{}
+			for _, ch := range changes {
+				if ch.Op == canonical.OpInsert {
+					inserts[ch.Table]++
+				}
+			}
+			assert.Equal(t, map[string]int{"items": 1, "later": 1}, inserts, "the rows after the changes, of a table created later too")
+			var tables []string
+			rows, err := admin.Query(context.Background(), `SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, pub)
+			require.NoError(t, err)
+			tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			assert.Contains(t, tables, "public.items", "the user's publication is as its user made it")
+			require.NoError(t, c.Detach(context.Background()))
+			require.NoError(t, c.Close())
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // migrations is a deploy that keeps running on the source while streams
@@ -468,4 +470,50 @@ func streamUntilMarker(t *testing.T, admin *pgx.Conn, c *siphon.Conn, from canon
 	t.Helper()
 	emitMarker(t, admin, marker)
 	return streamUntil(t, c, from, marker)
+}
+
+// TestLastDetachDoesNotWaitForAHeldPublication holds a lock on another
+// Conn's publication in a transaction left open (as its owner's COMMENT
+// or ALTER PUBLICATION does until it commits) while the last Detach drops
+// the publications siphon made: that Detach, which holds the
+// slot-management lock every slot creation waits for, gives up on the held
+// one after its lock timeout with a warning, instead of waiting as long as
+// the transaction stays open (here: for ever, since the transaction ends
+// only after Detach returns); a later Detach drops it.
+func TestLastDetachDoesNotWaitForAHeldPublication(t *testing.T) {
+	const heldPublicationWarning = "a publication siphon created for another Conn stays, though no slot reads it any more: " +
+		"only its owner or a superuser may drop it, once no session holds it (Detach as that role, or DROP PUBLICATION)"
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, `CREATE TABLE items (id int PRIMARY KEY, name text)`)
+	held := streamSlot(t) + "_held"
+	first, _, _ := streamConnAt(t, dsn, siphon.WithPublication(held), siphon.WithoutSchemaCapture())
+	logs := &logRecorder{}
+	last, _, _ := streamConnAt(t, dsn, siphon.WithPublication(streamSlot(t)+"_last"), siphon.WithoutSchemaCapture(),
+		siphon.WithLogger(logs.logger()))
+	require.NoError(t, first.Detach(ctx))
+	require.Contains(t, siphonObjects(t, admin), "publication "+held, "a slot still exists: the publication stays")
+
+	holder := connectOrFail(t, dsn)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	var mark string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, held).Scan(&mark))
+	_, err = tx.Exec(ctx, "COMMENT ON PUBLICATION "+pgx.Identifier{held}.Sanitize()+" IS "+sqltext.Literal(mark))
+	require.NoError(t, err)
+
+	detachCtx, cancel := context.WithTimeout(ctx, waitDeadline)
+	defer cancel()
+	require.NoError(t, last.Detach(detachCtx), "a publication someone holds is no failure of the last Detach")
+	assert.NotEmpty(t, logs.find(slog.LevelWarn, heldPublicationWarning), "the warning names the publication that stays")
+	assert.Equal(t, []string{"publication " + held}, siphonObjects(t, admin), "only the held publication stays")
+
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, first.Detach(ctx))
+	assert.Empty(t, siphonObjects(t, admin), "a later Detach drops it")
+	require.NoError(t, first.Close())
+	require.NoError(t, last.Close())
+	assertNoLeaks(t, dsn)
 }
