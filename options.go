@@ -114,7 +114,9 @@ func WithSlot(name string) Option { return func(o *options) { o.slot, o.source =
 
 // WithPublication names the publication that selects the streamed tables
 // (created when missing): 1 to 63 characters of a-z, 0-9 and _. Defaults
-// to "siphon".
+// to "siphon". A publication of your own may name its tables, or publish
+// FOR TABLES IN SCHEMA or FOR ALL TABLES; it must publish every kind of
+// change, and hold every table siphon would stream (see SyncPublication).
 func WithPublication(name string) Option {
 	return func(o *options) { o.publication, o.source = name, true }
 }
