@@ -20,6 +20,12 @@ func (s *Server) VersionNum(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("siphontest: server version: %w", err)
 	}
 	defer conn.Close(context.Background())
+	return versionNum(ctx, conn)
+}
+
+// versionNum returns the server_version_num of the server conn is
+// connected to.
+func versionNum(ctx context.Context, conn *pgx.Conn) (int, error) {
 	var num int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&num); err != nil {
 		return 0, fmt.Errorf("siphontest: server version: %w", err)

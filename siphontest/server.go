@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // EnvDSN names the environment variable that points the tests at an existing
@@ -247,8 +245,12 @@ func (s *Server) CreateDatabase(ctx context.Context) (dsn string, drop func(cont
 		return "", nil, fmt.Errorf("siphontest: create database: %w", err)
 	}
 	defer conn.Close(context.Background())
+	num, err := versionNum(ctx, conn)
+	if err != nil {
+		return "", nil, err
+	}
 	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
-	if serverMajor(conn.PgConn()) >= 15 {
+	if num >= 150000 {
 		// From 15 on the default copies the template through the WAL:
 		// megabytes that every logical slot of the server then reads.
 		create += " STRATEGY FILE_COPY"
@@ -320,12 +322,4 @@ func withDatabase(dsn, database string) (string, error) {
 		return u.String(), nil
 	}
 	return dsn + " dbname='" + database + "'", nil
-}
-
-// serverMajor returns the major release of the server conn is connected to
-// (0 when it does not say).
-func serverMajor(conn *pgconn.PgConn) int {
-	version := conn.ParameterStatus("server_version")
-	major, _ := strconv.Atoi(version[:strings.IndexFunc(version+".", func(r rune) bool { return r < '0' || r > '9' })])
-	return major
 }
