@@ -463,20 +463,22 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 	var s publicationState
 	// A publication holds the tables it names and, FOR TABLES IN SCHEMA,
 	// every table of those schemas (read from the catalogs, not from the
-	// view pg_publication_tables, which opens every table it lists).
+	// view pg_publication_tables, which opens every table it lists). The
+	// catalogs are named with their schema: a search_path the database's
+	// owner sets could put a table of the same name first.
 	rows, err := q.Query(ctx, `
 		WITH held AS (
-		  SELECT r.prpubid AS pub, c.oid FROM pg_publication_rel r JOIN pg_class c ON c.oid = r.prrelid
-		  UNION SELECT pn.pnpubid, c.oid FROM pg_publication_namespace pn JOIN pg_class c ON c.relnamespace = pn.pnnspid
+		  SELECT r.prpubid AS pub, r.prrelid AS oid FROM pg_catalog.pg_publication_rel r
+		  UNION SELECT pn.pnpubid, c.oid FROM pg_catalog.pg_publication_namespace pn JOIN pg_catalog.pg_class c ON c.relnamespace = pn.pnnspid
 		  WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p')
 		SELECT p.pubname = $1, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot,
-		       coalesce((SELECT array_agg(n.nspname::text ORDER BY n.nspname, c.relname) FROM held h
-		                 JOIN pg_class c ON c.oid = h.oid JOIN pg_namespace n ON n.oid = c.relnamespace
-		                 WHERE h.pub = p.oid), '{}'),
-		       coalesce((SELECT array_agg(c.relname::text ORDER BY n.nspname, c.relname) FROM held h
-		                 JOIN pg_class c ON c.oid = h.oid JOIN pg_namespace n ON n.oid = c.relnamespace
-		                 WHERE h.pub = p.oid), '{}')
-		FROM pg_publication p WHERE p.pubname IN ($1, $2)`, c.opts.publication, c.opts.publication+insertsSuffix)
+		       coalesce(t.schemas, '{}'), coalesce(t.names, '{}')
+		FROM pg_catalog.pg_publication p CROSS JOIN LATERAL (
+		  SELECT pg_catalog.array_agg(n.nspname::pg_catalog.text ORDER BY n.nspname, c.relname) AS schemas,
+		         pg_catalog.array_agg(c.relname::pg_catalog.text ORDER BY n.nspname, c.relname) AS names
+		  FROM held h JOIN pg_catalog.pg_class c ON c.oid = h.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		  WHERE h.pub = p.oid) t
+		WHERE p.pubname IN ($1, $2)`, c.opts.publication, c.opts.publication+insertsSuffix)
 	if err != nil {
 		return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 	}
