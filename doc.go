@@ -141,15 +141,20 @@
 //
 // The trigger also keeps the publications safe: a table created in a
 // transaction joins every publication of all tables before its first row,
-// and a published table that loses its usable replica identity leaves it
-// (as [WithKeylessTables] says), so the application's statements never
-// fail. It never makes the application's DDL fail, and the [Conn.Detach]
-// that drops the database's last change-stream slot removes it. The
-// capture's rows pass through the table siphon.schema_changes, which
-// siphon's publications hold: a native subscription (CREATE SUBSCRIPTION)
-// of one of them needs that table on the subscriber too (CREATE SCHEMA
-// siphon; CREATE TABLE siphon.schema_changes (id bigint PRIMARY KEY, change
-// jsonb NOT NULL)).
+// and a published table that loses its usable replica identity leaves it (as
+// [WithKeylessTables] says), so the application's statements never fail. A
+// publication of your own FOR ALL TABLES or FOR TABLES IN SCHEMA holds its
+// new tables by itself, and keeps a table that lost its usable replica
+// identity (PostgreSQL then refuses that table's UPDATE and DELETE; the
+// stream logs it). It never makes the application's DDL fail, and a newer
+// siphon's capture is installed by calling [Conn.InstallSchemaCapture] again
+// (until then streams warn that schema changes are not captured). The
+// [Conn.Detach] that drops the database's last change-stream slot removes
+// it. The capture's rows pass through the table siphon.schema_changes, which
+// siphon's publications hold: a native subscription (CREATE SUBSCRIPTION) of
+// one of them needs that table on the subscriber too (CREATE SCHEMA siphon;
+// CREATE TABLE siphon.schema_changes (id bigint PRIMARY KEY, change jsonb
+// NOT NULL)).
 //
 // Without the capture (not installed, or [WithoutSchemaCapture]), apply
 // follows the column changes the stream shows where that is exact (a

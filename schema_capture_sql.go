@@ -29,7 +29,7 @@ package siphon
 
 // captureVersion names the version of the capture's SQL; InstallSchemaCapture
 // installs it again when the installed one differs.
-const captureVersion = "siphon schema capture 3"
+const captureVersion = "siphon schema capture 4"
 
 // The objects of the capture.
 const (
@@ -117,6 +117,7 @@ DECLARE
   skip pg_catalog.text;
   query pg_catalog.text := pg_catalog.current_query();
   empty pg_catalog.bool;
+  published pg_catalog.bool;
   p record;
   t record;
   leaf record;
@@ -184,8 +185,11 @@ BEGIN
     UPDATE siphon.capture_pending SET own = true WHERE backend = pending.backend;
     BEGIN
       FOR p IN SELECT r.publication FROM siphon.capture_publications r JOIN pg_catalog.pg_publication pb ON pb.pubname = r.publication
-                WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr WHERE pr.prpubid = pb.oid
-                                    AND pr.prrelid = 'siphon.schema_changes'::pg_catalog.regclass) LOOP
+                WHERE NOT pb.puballtables
+                  AND NOT EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr WHERE pr.prpubid = pb.oid
+                                    AND pr.prrelid = 'siphon.schema_changes'::pg_catalog.regclass)
+                  AND NOT EXISTS (SELECT FROM pg_catalog.pg_publication_namespace pn WHERE pn.pnpubid = pb.oid
+                                    AND pn.pnnspid = 'siphon'::pg_catalog.regnamespace) LOOP
         EXECUTE pg_catalog.format('ALTER PUBLICATION %I ADD TABLE siphon.schema_changes', p.publication);
       END LOOP;
     EXCEPTION WHEN OTHERS THEN
@@ -212,7 +216,10 @@ BEGIN
           SELECT c.oid, c.oid::pg_catalog.regclass::pg_catalog.text AS name, pg_catalog.jsonb_build_array(n.nspname, c.relname) AS pair,
                  ` + usableIdentity + ` AS usable,
                  EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication pb ON pb.oid = pr.prpubid
-                         WHERE pr.prrelid = c.oid AND pb.pubname = p.publication) AS published,
+                         WHERE pr.prrelid = c.oid AND pb.pubname = p.publication) AS named,
+                 EXISTS (SELECT FROM pg_catalog.pg_publication pb WHERE pb.pubname = p.publication AND (pb.puballtables
+                           OR EXISTS (SELECT FROM pg_catalog.pg_publication_namespace pn WHERE pn.pnpubid = pb.oid AND pn.pnnspid = c.relnamespace)))
+                   AS by_definition,
                  EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication pb ON pb.oid = pr.prpubid
                          WHERE pr.prrelid = c.oid AND pb.pubname = p.inserts_publication) AS inserts_only
           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -220,8 +227,12 @@ BEGIN
             AND CASE WHEN p.tables IS NULL THEN NOT c.relispartition
                      ELSE p.tables @> pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_array(n.nspname, c.relname)) END
         LOOP
-          IF t.published AND NOT t.usable OR NOT t.published AND NOT t.inserts_only AND p.tables IS NULL AND t.oid = ANY (created_tables) THEN
-            IF NOT t.published THEN
+          -- A table a publication holds by its definition (FOR ALL TABLES,
+          -- TABLES IN SCHEMA) is published, and no ALTER PUBLICATION can
+          -- add or drop it by name.
+          published := t.named OR t.by_definition;
+          IF published AND NOT t.usable OR NOT published AND NOT t.inserts_only AND p.tables IS NULL AND t.oid = ANY (created_tables) THEN
+            IF NOT published THEN
               -- Rows written before the table joins the publication are
               -- not decoded: only an empty table, or one a CREATE TABLE AS
               -- just filled (the target runs the same statement), joins.
@@ -235,21 +246,25 @@ BEGIN
                 statements := statements || pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY FULL', leaf.oid::pg_catalog.regclass);
                 EXECUTE statements[pg_catalog.cardinality(statements)];
               END LOOP;
-              IF NOT t.published THEN
+              IF NOT published THEN
                 EXECUTE pg_catalog.format('ALTER PUBLICATION %I ADD TABLE %s', p.publication, t.name);
                 changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'added');
               END IF;
             ELSIF t.usable THEN
               EXECUTE pg_catalog.format('ALTER PUBLICATION %I ADD TABLE %s', p.publication, t.name);
               changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'added');
+            ELSIF t.by_definition THEN
+              -- It stays published: its UPDATE and DELETE fail on the source
+              -- until it has a usable replica identity again.
+              changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'held');
             ELSE
-              IF t.published THEN
+              IF published THEN
                 EXECUTE pg_catalog.format('ALTER PUBLICATION %I DROP TABLE %s', p.publication, t.name);
               END IF;
               IF p.keyless = 'inserts' AND p.inserts_publication IS NOT NULL THEN
                 EXECUTE pg_catalog.format('ALTER PUBLICATION %I ADD TABLE %s', p.inserts_publication, t.name);
                 changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'inserts only');
-              ELSIF t.published THEN
+              ELSIF published THEN
                 changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'removed');
               END IF;
             END IF;

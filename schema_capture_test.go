@@ -314,7 +314,11 @@ func column(t *testing.T, conn *pgx.Conn, query string) []string {
 // TABLES, or FOR TABLES IN SCHEMA naming siphon's schema. The capture sees
 // its table published (no warning that schema changes are not captured),
 // and the stream carries schema changes and the rows of a table created
-// later.
+// later. The publication holds a new table by its definition, so the
+// capture names none in it (ALTER PUBLICATION … ADD TABLE fails on FOR ALL
+// TABLES, and failed the capture's whole publication step), reports a new
+// keyless table it cannot move out, and neither the stream start nor
+// SyncPublication tries to drop that table by name.
 func TestCaptureThroughAUsersPublication(t *testing.T) {
 	t.Parallel()
 	for name, create := range map[string]string{
@@ -330,9 +334,10 @@ func TestCaptureThroughAUsersPublication(t *testing.T) {
 			logs := &logRecorder{}
 			c, _, start := captureConnAt(t, dsn, siphon.WithPublication(pub), siphon.WithLogger(logs.logger()))
 			execSQL(t, admin, `ALTER TABLE items ADD COLUMN note text`, `INSERT INTO items VALUES (1, 'a', 'b')`,
-				`CREATE TABLE later (id int PRIMARY KEY)`, `INSERT INTO later VALUES (1)`)
+				`CREATE TABLE later (id int PRIMARY KEY)`, `INSERT INTO later VALUES (1)`,
+				`CREATE TABLE notes (body text)`, `CREATE PUBLICATION `+pgx.Identifier{pub + "_other"}.Sanitize())
 			changes, _ := streamUntilMarker(t, admin, c, start, "end")
-			assert.Equal(t, []string{"ALTER TABLE items ADD COLUMN note text", "CREATE TABLE later (id int PRIMARY KEY)"},
+			assert.Equal(t, []string{"ALTER TABLE items ADD COLUMN note text", "CREATE TABLE later (id int PRIMARY KEY)", "CREATE TABLE notes (body text)"},
 				statementsOf(ddlOf(changes)))
 			inserts := map[string]int{}
 			for _, ch := range changes {
@@ -342,10 +347,25 @@ func TestCaptureThroughAUsersPublication(t *testing.T) {
 			}
 			assert.Equal(t, map[string]int{"items": 1, "later": 1}, inserts, "the rows after the changes, of a table created later too")
 			logs.mu.Lock()
+			var held []string
 			for _, l := range logs.lines {
 				assert.False(t, strings.HasPrefix(l.msg, "schema changes are not captured"), "the capture holds its table: %s", l.text)
+				assert.False(t, strings.HasPrefix(l.msg, "the schema capture could not keep the publications in line"), "nothing to keep in line: %s", l.text)
+				if strings.HasPrefix(l.msg, "a table the publication holds by its definition") {
+					held = append(held, l.text)
+				}
 			}
 			logs.mu.Unlock()
+			if assert.Len(t, held, 1, "the keyless table created in the publication is reported") {
+				assert.Contains(t, held[0], "notes")
+			}
+			// The publication holds the new table through its definition: the
+			// capture names no table in it.
+			assert.Equal(t, [][]*string(nil), rawRows(t, admin, fmt.Sprintf(`SELECT r.prrelid::regclass::text FROM pg_publication_rel r
+				JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = '%s'`, pub)), "no table named in the publication")
+			added, err := c.SyncPublication(context.Background())
+			require.NoError(t, err, "nothing to sync: the publication holds every table by its definition")
+			assert.Empty(t, added)
 			require.NoError(t, c.Detach(context.Background()))
 			require.NoError(t, c.Close())
 		})

@@ -456,6 +456,10 @@ type publicationState struct {
 	// under their roots (publish_via_partition_root); anyViaRoot: one does.
 	allViaRoot, anyViaRoot bool
 	main, insertsOnly      []canonical.TableName
+	// bySchema lists the tables of main it holds only because it publishes
+	// their schema (FOR TABLES IN SCHEMA): no ALTER PUBLICATION moves one
+	// out by name.
+	bySchema []canonical.TableName
 }
 
 // readPublications reads the publication and its inserts-only companion.
@@ -468,14 +472,17 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 	// owner sets could put a table of the same name first.
 	rows, err := q.Query(ctx, `
 		WITH held AS (
-		  SELECT r.prpubid AS pub, r.prrelid AS oid FROM pg_catalog.pg_publication_rel r
-		  UNION SELECT pn.pnpubid, c.oid FROM pg_catalog.pg_publication_namespace pn JOIN pg_catalog.pg_class c ON c.relnamespace = pn.pnnspid
-		  WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p')
+		  SELECT h.pub, h.oid, pg_catalog.bool_or(h.named) AS named FROM (
+		    SELECT r.prpubid AS pub, r.prrelid AS oid, true AS named FROM pg_catalog.pg_publication_rel r
+		    UNION ALL SELECT pn.pnpubid, c.oid, false FROM pg_catalog.pg_publication_namespace pn JOIN pg_catalog.pg_class c ON c.relnamespace = pn.pnnspid
+		    WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p') h
+		  GROUP BY h.pub, h.oid)
 		SELECT p.pubname = $1, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot,
-		       coalesce(t.schemas, '{}'), coalesce(t.names, '{}')
+		       coalesce(t.schemas, '{}'), coalesce(t.names, '{}'), coalesce(t.named, '{}')
 		FROM pg_catalog.pg_publication p CROSS JOIN LATERAL (
 		  SELECT pg_catalog.array_agg(n.nspname::pg_catalog.text ORDER BY n.nspname, c.relname) AS schemas,
-		         pg_catalog.array_agg(c.relname::pg_catalog.text ORDER BY n.nspname, c.relname) AS names
+		         pg_catalog.array_agg(c.relname::pg_catalog.text ORDER BY n.nspname, c.relname) AS names,
+		         pg_catalog.array_agg(h.named ORDER BY n.nspname, c.relname) AS named
 		  FROM held h JOIN pg_catalog.pg_class c ON c.oid = h.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		  WHERE h.pub = p.oid) t
 		WHERE p.pubname IN ($1, $2)`, c.opts.publication, c.opts.publication+insertsSuffix)
@@ -488,18 +495,24 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 		var isMain, all, viaRoot bool
 		var flags [4]bool
 		var schemas, names []string
-		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &viaRoot, &schemas, &names); err != nil {
+		var named []bool
+		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &viaRoot, &schemas, &names, &named); err != nil {
 			return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 		}
 		s.allViaRoot, s.anyViaRoot = s.allViaRoot && viaRoot, s.anyViaRoot || viaRoot
 		tables := make([]canonical.TableName, len(names))
+		var bySchema []canonical.TableName
 		for i := range names {
 			tables[i] = canonical.TableName{Schema: schemas[i], Name: names[i]}
+			if !named[i] {
+				bySchema = append(bySchema, tables[i])
+			}
 		}
 		if isMain {
 			n := len(tables)
 			tables = withoutCaptureTable(tables)
 			s.exists, s.allTables, s.flags, s.main, s.capture = true, all, flags, tables, len(tables) < n
+			s.bySchema = bySchema
 		} else {
 			s.inserts, s.insertsOnly = true, tables
 		}
@@ -602,7 +615,10 @@ func (c *Conn) checkView(v publicationView) error {
 	}
 	for _, t := range v.tables {
 		switch {
-		case !t.usable && slices.Contains(s.main, t.name) && c.opts.keyless != KeylessFull:
+		// A table the publication holds by its schema stays in it: the
+		// source refuses its UPDATE and DELETE until it has a usable
+		// replica identity again, and nothing it lets through is lost.
+		case !t.usable && slices.Contains(s.main, t.name) && !slices.Contains(s.bySchema, t.name) && c.opts.keyless != KeylessFull:
 			mismatch.Unsafe = append(mismatch.Unsafe, t.name)
 		case !slices.Contains(published, t.name) && (t.usable || c.opts.keyless != KeylessSkip):
 			mismatch.Missing = append(mismatch.Missing, t.name)
@@ -729,7 +745,9 @@ func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.Tabl
 		return slices.DeleteFunc(slices.Clone(want), func(t canonical.TableName) bool { return slices.Contains(have, t) })
 	}
 	addMain, addInserts := missing(p.main, s.main), missing(p.inserts, s.insertsOnly)
-	unsafe := slices.DeleteFunc(slices.Clone(s.main), func(t canonical.TableName) bool { return slices.Contains(p.main, t) })
+	unsafe := slices.DeleteFunc(slices.Clone(s.main), func(t canonical.TableName) bool {
+		return slices.Contains(p.main, t) || slices.Contains(s.bySchema, t) // one held by its schema cannot leave
+	})
 	insertsGone := slices.DeleteFunc(slices.Clone(s.insertsOnly), func(t canonical.TableName) bool { return !slices.Contains(p.main, t) })
 	for _, step := range []struct {
 		pub, verb string
