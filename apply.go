@@ -90,7 +90,7 @@ func (c *Conn) ApplyChange(ctx context.Context, ch canonical.Change) error {
 		if ch.Op != canonical.OpTruncate {
 			tables = []canonical.TableName{ch.TableName()}
 		}
-		err = explainTablePrivileges(ctx, c.pool, err, tables, applyTablePrivileges, "apply: it writes every change of a table")
+		err = explainTablePrivileges(ctx, c.pool, explainSearchPath(err), tables, applyTablePrivileges, "apply: it writes every change of a table")
 		err = errorf("siphon: apply %s on %s: %w", ch.Op, describeTarget(&ch), err)
 		c.countError(ctx, err)
 		return err

@@ -7,7 +7,9 @@ import (
 	"io"
 	"testing"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -133,7 +135,10 @@ func realShopTarget(t *testing.T) (string, *pgx.Conn) {
 	execSQL(t, conn,
 		`CREATE TABLE replica_seen (n int NOT NULL)`,
 		`INSERT INTO replica_seen VALUES (0)`,
-		`CREATE FUNCTION count_applied() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN UPDATE replica_seen SET n = n + 1; RETURN NEW; END$$`,
+		// Its function names its table with the schema, as code that fires
+		// during an apply must: siphon's sessions, like PostgreSQL's apply
+		// workers, run with search_path = pg_catalog, pg_temp.
+		`CREATE FUNCTION count_applied() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN UPDATE public.replica_seen SET n = n + 1; RETURN NEW; END$$`,
 		`CREATE TRIGGER customers_applied AFTER INSERT ON customers FOR EACH ROW EXECUTE FUNCTION count_applied()`,
 		`ALTER TABLE customers ENABLE REPLICA TRIGGER customers_applied`)
 	return dsn, conn
@@ -367,13 +372,29 @@ func TestRealSchemaWithoutReplicaPrivilege(t *testing.T) {
 	require.NoError(t, target.ConsumeCanonical(ctx, bytes.NewReader(inc.Bytes())))
 	assertSameAsSource(t, src, admin, "once granted")
 
-	// WithTriggersOnApply: the triggers fire, on purpose.
+	// WithTriggersOnApply: the triggers fire, on purpose. The audit
+	// trigger's function names audit_log without its schema: under
+	// siphon's search_path it finds no such table, and the error says why
+	// and what to do; with a search_path in the target's DSN it runs.
 	dsn, firing := newDatabase(t)
 	execSQL(t, firing, realShop...)
-	onPurpose, err := siphon.Connect(ctx, plainRole(t, dsn, firing), siphon.WithTriggersOnApply())
+	roleDSN := plainRole(t, dsn, firing)
+	forgetAppliedPosition(t, dsn, systemID, slot)
+	unqualified, err := siphon.Connect(ctx, roleDSN, siphon.WithTriggersOnApply())
+	require.NoError(t, err)
+	defer unqualified.Close()
+	err = unqualified.ConsumeCanonical(ctx, bytes.NewReader(snap.Bytes()))
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, pgerrcode.UndefinedTable, pgErr.Code)
+	assert.Contains(t, err.Error(), "the target's own code (PL/pgSQL function public.audit() line 2 at SQL statement) names it without its schema")
+	assert.Contains(t, err.Error(), "give the target's DSN a search_path")
+	for _, table := range userTables(t, firing) {
+		assert.Zero(t, count(t, firing, "SELECT count(*) FROM "+table), "%s: nothing was loaded", table)
+	}
+	onPurpose, err := siphon.Connect(ctx, roleDSN+"&search_path=public", siphon.WithTriggersOnApply())
 	require.NoError(t, err)
 	defer onPurpose.Close()
-	forgetAppliedPosition(t, dsn, systemID, slot)
 	require.NoError(t, onPurpose.ConsumeCanonical(ctx, bytes.NewReader(snap.Bytes())))
 	sourceOrders := count(t, src, `SELECT count(*) FROM orders`) // orders of round 2 included: fewer than the snapshot's at most
 	assert.Greater(t, count(t, firing, `SELECT count(*) FROM audit_log`), count(t, firing, `SELECT count(*) FROM audit_log WHERE op = 'INSERT'`)-sourceOrders,

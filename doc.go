@@ -87,6 +87,17 @@
 // the source. See [Conn.ConsumeCanonical] for roles that may not set that
 // parameter, and [WithTriggersOnApply].
 //
+// Every session siphon opens, on sources and targets, runs with
+// search_path = pg_catalog, pg_temp, as PostgreSQL's own apply workers do,
+// so that no function or operator a database's owner puts first in the
+// database's search_path runs in place of a built-in siphon calls. Code of
+// the target's that fires during an apply (a trigger's function, a
+// constraint's) must therefore name its tables and functions with their
+// schema, or set its own search_path (CREATE FUNCTION … SET search_path);
+// an apply that meets such a name says so in its error. A search_path the
+// DSN gives (search_path=public) is kept: your choice, for sessions you
+// trust that database's owner with.
+//
 // # Slots
 //
 // Creating a slot waits for every transaction holding a transaction ID.

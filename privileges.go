@@ -300,11 +300,12 @@ func schemaTables(schema *canonical.Schema) []canonical.TableName {
 
 // explainPrivilege returns, for err that is the target's refusal for lack
 // of a privilege, the *PrivilegeError that says what the applying role
-// lacks on the tables the session applied to; err otherwise. The session
-// must be out of the failed transaction (rolled back).
+// lacks on the tables the session applied to; err otherwise, explained as
+// explainSearchPath does. The session must be out of the failed
+// transaction (rolled back).
 func (s *applySession) explainPrivilege(ctx context.Context, err error) error {
 	if !pgerr.Is(err, pgerrcode.InsufficientPrivilege) || s.pg.IsClosed() {
-		return err
+		return explainSearchPath(err)
 	}
 	ctx, cancel := cleanupContext(ctx)
 	defer cancel()

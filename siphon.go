@@ -2,12 +2,15 @@ package siphon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,12 +18,20 @@ import (
 	"github.com/siphondb/siphon/canonical"
 	dsnpkg "github.com/siphondb/siphon/internal/dsn"
 	"github.com/siphondb/siphon/internal/fkgraph"
+	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/sqltext"
 )
 
 // sessionSettings are set on every session siphon opens, replication
-// sessions included, so output functions print values the same way.
+// sessions included, so output functions print values the same way, and
+// every name siphon's SQL does not qualify resolves in pg_catalog (then
+// the session's own temporary objects), as in PostgreSQL's own apply
+// workers: a search_path the database's owner sets (ALTER DATABASE … SET)
+// could otherwise put her functions and operators before the built-ins,
+// to run as siphon's role. An application_name or search_path the DSN
+// gives is the user's own choice and is kept.
 var sessionSettings = map[string]string{
+	"search_path":        "pg_catalog, pg_temp",
 	"DateStyle":          "ISO, MDY",
 	"TimeZone":           "UTC",
 	"IntervalStyle":      "postgres",
@@ -28,6 +39,21 @@ var sessionSettings = map[string]string{
 	"bytea_output":       "hex",
 	"lc_monetary":        "C",
 	"application_name":   "siphon",
+}
+
+// explainSearchPath returns err, when the target's own code (a trigger's
+// function, a constraint's) did not find a name, with what to do about it:
+// that code runs under siphon's search_path. It returns err otherwise.
+func explainSearchPath(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Where == "" ||
+		!pgerr.Is(err, pgerrcode.UndefinedTable, pgerrcode.UndefinedFunction, pgerrcode.UndefinedObject) {
+		return err
+	}
+	where, _, _ := strings.Cut(pgErr.Where, "\n")
+	return fmt.Errorf("%w: the target's own code (%s) names it without its schema, and siphon's sessions run with search_path = %s "+
+		"(as PostgreSQL's own apply workers do) unless the DSN sets one: name it with its schema, give the function SET search_path, "+
+		"or give the target's DSN a search_path (for example search_path=public)", err, where, sessionSettings["search_path"])
 }
 
 // Conn is a connection to one PostgreSQL database. It is safe for
@@ -86,8 +112,8 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 		return nil, errorf("siphon: %w: %s", ErrInvalidDSN, dsnpkg.Problem(dsn))
 	}
 	for name, value := range sessionSettings {
-		if _, set := poolConfig.ConnConfig.RuntimeParams[name]; set && name == "application_name" {
-			continue // the user's own application name wins
+		if _, set := poolConfig.ConnConfig.RuntimeParams[name]; set && (name == "application_name" || name == "search_path") {
+			continue // the user's own wins
 		}
 		poolConfig.ConnConfig.RuntimeParams[name] = value
 	}

@@ -1,0 +1,148 @@
+package siphon_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon"
+)
+
+// shadowedBuiltins are built-in functions siphon's queries call, each as
+// name, argument types and result type; plantShadows defines a function of
+// the same name and argument types in the attacker's schema.
+var shadowedBuiltins = [][3]string{
+	{"current_setting", "text", "text"},
+	{"current_setting", "text, boolean", "text"},
+	{"set_config", "text, text, boolean", "text"},
+	{"pg_current_wal_lsn", "", "pg_lsn"},
+	{"pg_backend_pid", "", "integer"},
+	{"pg_is_in_recovery", "", "boolean"},
+	{"current_database", "", "name"},
+	{"version", "", "text"},
+	{"format_type", "oid, integer", "text"},
+	{"quote_ident", "text", "text"},
+	{"pg_get_userbyid", "oid", "name"},
+	{"to_regclass", "text", "regclass"},
+	{"to_regtype", "text", "regtype"},
+	{"pg_replication_origin_oid", "text", "oid"},
+}
+
+// shadowedEquals are the argument types of the = operators plantShadows
+// defines in the attacker's schema: the comparisons of names, text and
+// oids every catalog query makes.
+var shadowedEquals = []string{"name, name", "name, text", "text, text", "oid, oid", "integer, integer"}
+
+// plantShadows makes, as owner (the database's owner, not a superuser),
+// schema evil with a function or operator for each of shadowedBuiltins and
+// shadowedEquals that tries to make owner a superuser and records its
+// call in evil.calls, then returns what the built-in would, and sets the
+// database's search_path to put evil before pg_catalog. Sessions opened
+// from then on resolve unqualified names in evil first.
+func plantShadows(t *testing.T, owner *pgx.Conn, role string) {
+	t.Helper()
+	db := pgx.Identifier{dbName(t, owner)}.Sanitize()
+	execSQL(t, owner, `CREATE SCHEMA evil`,
+		`CREATE TABLE evil.calls (what text, as_role text)`,
+		`GRANT USAGE ON SCHEMA evil TO PUBLIC`,
+		`GRANT INSERT ON evil.calls TO PUBLIC`,
+		`CREATE FUNCTION evil.trap(what text) RETURNS void LANGUAGE plpgsql AS $$
+		BEGIN
+		  BEGIN
+		    EXECUTE 'ALTER ROLE `+role+` SUPERUSER';
+		  EXCEPTION WHEN OTHERS THEN NULL;
+		  END;
+		  BEGIN
+		    INSERT INTO evil.calls VALUES (what, CURRENT_USER);
+		  EXCEPTION WHEN OTHERS THEN NULL;
+		  END;
+		END $$`)
+	for i, f := range shadowedBuiltins {
+		var params, args []string
+		for j, typ := range strings.Split(f[1], ", ") {
+			if typ != "" {
+				params = append(params, typ)
+				args = append(args, fmt.Sprintf("$%d", j+1))
+			}
+		}
+		execSQL(t, owner, fmt.Sprintf(`CREATE FUNCTION evil.%s(%s) RETURNS %s LANGUAGE plpgsql AS $f%d$
+			BEGIN PERFORM evil.trap('%s(%s)'); RETURN pg_catalog.%s(%s); END $f%d$`,
+			f[0], strings.Join(params, ", "), f[2], i, f[0], f[1], f[0], strings.Join(args, ", "), i))
+	}
+	for i, types := range shadowedEquals {
+		execSQL(t, owner, fmt.Sprintf(`CREATE FUNCTION evil.eq%d(%s) RETURNS boolean LANGUAGE plpgsql AS $e$
+			BEGIN PERFORM evil.trap('=(%s)'); RETURN $1 OPERATOR(pg_catalog.=) $2; END $e$`, i, types, types),
+			fmt.Sprintf(`CREATE OPERATOR evil.= (LEFTARG = %s, RIGHTARG = %s, FUNCTION = evil.eq%d)`,
+				strings.Split(types, ", ")[0], strings.Split(types, ", ")[1], i))
+	}
+	execSQL(t, owner, `ALTER DATABASE `+db+` SET search_path = evil, pg_catalog, public`)
+}
+
+// TestDatabaseOwnerCannotHijackSiphonsSessions: a database's owner, who is
+// not a superuser, puts her schema before pg_catalog in the database's
+// search_path (ALTER DATABASE … SET search_path), with functions and =
+// operators of the names and argument types siphon's queries call. siphon
+// connects as a superuser to the source and to the target (both owned by
+// her kind): every name it uses must resolve in pg_catalog whatever the
+// database's settings, so none of her code runs as the superuser, through
+// Preflight, InstallSchemaCapture, a live Replicate with its snapshot, a
+// schema change, and Detach.
+func TestDatabaseOwnerCannotHijackSiphonsSessions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srcDSN, srcAdmin := newDatabase(t)
+	tgtDSN, tgtAdmin := newDatabase(t)
+	for _, admin := range []*pgx.Conn{srcAdmin, tgtAdmin} {
+		execSQL(t, admin, `CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance numeric NOT NULL)`,
+			`CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int REFERENCES accounts, amount numeric)`)
+	}
+	execSQL(t, srcAdmin, `INSERT INTO accounts SELECT i, 'owner ' || i, i * 10 FROM generate_series(1, 100) i`,
+		`INSERT INTO ledger (account, amount) SELECT i % 100 + 1, i FROM generate_series(1, 500) i`)
+	var roles []string
+	for _, db := range []struct {
+		dsn   string
+		admin *pgx.Conn
+	}{{srcDSN, srcAdmin}, {tgtDSN, tgtAdmin}} {
+		role, roleDSN := loginRole(t, db.dsn, db.admin, "dbowner", "")
+		roles = append(roles, role)
+		execSQL(t, db.admin, `ALTER DATABASE `+pgx.Identifier{dbName(t, db.admin)}.Sanitize()+` OWNER TO `+role)
+		owner := connectOrFail(t, roleDSN)
+		plantShadows(t, owner, role)
+		t.Cleanup(func() {
+			// Before the leak checks connect again (her settings would
+			// hijack their superuser sessions) and her role is dropped.
+			name := pgx.Identifier{dbName(t, db.admin)}.Sanitize()
+			execSQL(t, db.admin, `ALTER DATABASE `+name+` RESET search_path`, `ALTER DATABASE `+name+` OWNER TO CURRENT_USER`)
+		})
+	}
+
+	src, slot := streamConn(t, srcDSN)
+	report, err := src.Preflight(ctx)
+	require.NoError(t, err)
+	assert.NotEmpty(t, report.Checks)
+	require.NoError(t, src.InstallSchemaCapture(ctx))
+	target, err := siphon.Connect(ctx, tgtDSN)
+	require.NoError(t, err)
+	defer target.Close()
+	run := startReplicate(t, src, target, siphon.ReplicateOptions{Snapshot: true})
+	execSQL(t, srcAdmin, `ALTER TABLE accounts ADD COLUMN note text`,
+		`INSERT INTO accounts VALUES (101, 'late', 1, 'after the snapshot')`,
+		`UPDATE ledger SET amount = amount + 1 WHERE account = 7`)
+	waitApplied(t, target, systemIdentifier(t, srcAdmin), slot, sourceMark(t, srcAdmin), run)
+	_, err = run.stop()
+	require.NoError(t, err)
+	assertSameAsSource(t, srcAdmin, tgtAdmin, "replicated")
+	require.NoError(t, src.Detach(ctx))
+	require.NoError(t, src.Close())
+
+	for i, admin := range []*pgx.Conn{srcAdmin, tgtAdmin} {
+		assert.False(t, isSuperuser(t, admin, roles[i]), "the database owner did not become a superuser")
+		assert.Equal(t, [][]*string(nil), rawRows(t, admin, `SELECT what, as_role FROM evil.calls GROUP BY 1, 2 ORDER BY 1, 2`),
+			"none of her functions ran in siphon's sessions")
+	}
+}
