@@ -118,8 +118,8 @@ const identitySQL = `SELECT current_setting('role'), coalesce((
 // ROLE), the role's name bound as a parameter.
 const setRoleSQL = "SELECT set_config('role', $1, true)"
 
-// identity is how a schema change takes its source role's identity.
-type identity struct {
+// ddlRole is how a schema change takes its source role's identity.
+type ddlRole struct {
 	role string // the role to set; "" to run as the applying role
 	back string // the role setting to put back after the statement
 }
@@ -135,8 +135,8 @@ var errRoleNotTaken = errors.New("the role it ran as on the source does not exis
 // superuser on the source (its session's role, which SET ROLE left as it
 // was), which no applying role exceeds; otherwise it is refused with
 // errRoleNotTaken.
-func (c *Conn) readIdentity(ctx context.Context, q querier, d *canonical.DDL) (identity, error) {
-	var id identity
+func (c *Conn) readIdentity(ctx context.Context, q querier, d *canonical.DDL) (ddlRole, error) {
+	var id ddlRole
 	var settable bool
 	if d.Role != "" {
 		if err := q.QueryRow(ctx, identitySQL, d.Role).Scan(&id.back, &settable); err != nil {
@@ -166,7 +166,7 @@ func (c *Conn) noteIdentity(role, why string) {
 // an open (or pipelined implicit) transaction, putting the session's
 // role and search_path back after it, so that what the apply runs next
 // (row changes, the applied Position) runs as the applying role.
-func ddlSteps(d *canonical.DDL, id identity) []ddlStep {
+func ddlSteps(d *canonical.DDL, id ddlRole) []ddlStep {
 	steps := []ddlStep{{setSearchPathSQL, [][]byte{[]byte(d.SearchPath)}}}
 	if id.role != "" {
 		steps = append(steps, ddlStep{setRoleSQL, [][]byte{[]byte(id.role)}})

@@ -179,7 +179,7 @@ func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOption
 		return 0, errorf("siphon: replicate: %w", err)
 	}
 	defer release()
-	r := &replica{c: c, target: target}
+	r := &replicateRun{c: c, target: target}
 	r.setPhase(ReplicateStarting)
 	c.stats.replicaRunning.Store(true)
 	defer c.stats.replicaRunning.Store(false)
@@ -196,8 +196,8 @@ func (c *Conn) Replicate(ctx context.Context, target *Conn, opts ReplicateOption
 	return r.run(ctx, opts)
 }
 
-// replica is one run of Replicate.
-type replica struct {
+// replicateRun is one run of Replicate.
+type replicateRun struct {
 	c, target *Conn
 	src       streamInfo
 	from      canonical.Position
@@ -219,18 +219,18 @@ type replica struct {
 	pending  []txEnd
 }
 
-func (r *replica) applied() canonical.Position {
+func (r *replicateRun) applied() canonical.Position {
 	if r == nil {
 		return 0
 	}
 	return canonical.Position(r.durable.Load())
 }
 
-func (r *replica) setPhase(p ReplicatePhase) { r.phase.Store(p) }
+func (r *replicateRun) setPhase(p ReplicatePhase) { r.phase.Store(p) }
 
 // start finds where to start, loads the snapshot when asked, and opens
 // the apply session.
-func (r *replica) start(ctx context.Context, opts ReplicateOptions) error {
+func (r *replicateRun) start(ctx context.Context, opts ReplicateOptions) error {
 	c, target := r.c, r.target
 	src, err := c.identifySystem(ctx)
 	if err != nil {
@@ -281,7 +281,7 @@ func (r *replica) start(ctx context.Context, opts ReplicateOptions) error {
 }
 
 // close ends the apply session, if one was opened.
-func (r *replica) close() {
+func (r *replicateRun) close() {
 	if r.session != nil {
 		r.session.close()
 		r.session = nil
@@ -323,7 +323,7 @@ func (c *Conn) replicateSnapshot(ctx context.Context, target *Conn, hooks emitHo
 
 // run streams and applies until ctx ends, the target reached
 // opts.StopAt, or either side fails.
-func (r *replica) run(ctx context.Context, opts ReplicateOptions) (canonical.Position, error) {
+func (r *replicateRun) run(ctx context.Context, opts ReplicateOptions) (canonical.Position, error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pipe := newCapturePipe(r.schema, r.from)
@@ -373,7 +373,7 @@ const sequenceInterval = 10 * time.Second
 // sequenceInterval, and once more when stopped (which returns that last
 // attempt's error): the target's next values stay past every key the
 // source used, whenever the replica is promoted.
-func (r *replica) followSequences(ctx context.Context) (stop func() error) {
+func (r *replicateRun) followSequences(ctx context.Context) (stop func() error) {
 	advance := func(ctx context.Context) error {
 		seqs, err := r.c.readSequences(ctx)
 		if err == nil {

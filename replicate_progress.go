@@ -11,7 +11,7 @@ import (
 // Replicate's progress reports.
 
 // reportProgress calls opts.Progress every interval until stopped.
-func (r *replica) reportProgress(ctx context.Context, opts ReplicateOptions) (stop func()) {
+func (r *replicateRun) reportProgress(ctx context.Context, opts ReplicateOptions) (stop func()) {
 	if opts.Progress == nil {
 		return func() {}
 	}
@@ -56,7 +56,7 @@ func (r *replica) reportProgress(ctx context.Context, opts ReplicateOptions) (st
 }
 
 // progress reads where the replica stands at now.
-func (r *replica) progress(ctx context.Context, now time.Time) ReplicateProgress {
+func (r *replicateRun) progress(ctx context.Context, now time.Time) ReplicateProgress {
 	p := ReplicateProgress{
 		Phase:    r.phase.Load().(ReplicatePhase),
 		Received: canonical.Position(r.received.Load()), Applied: r.applied(),
@@ -91,7 +91,7 @@ func (r *replica) progress(ctx context.Context, now time.Time) ReplicateProgress
 }
 
 // receive notes a transaction the stream delivered, for the lag.
-func (r *replica) receive(end txEnd) {
+func (r *replicateRun) receive(end txEnd) {
 	r.received.Store(uint64(end.pos))
 	r.c.stats.replicaReceived.Store(uint64(end.pos))
 	r.mu.Lock()
@@ -101,7 +101,7 @@ func (r *replica) receive(end txEnd) {
 
 // applyPending forgets the received transactions the target committed,
 // up to the one that ends at applied.
-func (r *replica) applyPending(applied canonical.Position) {
+func (r *replicateRun) applyPending(applied canonical.Position) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
@@ -113,7 +113,7 @@ func (r *replica) applyPending(applied canonical.Position) {
 
 // snapshotProgress takes a table's copy progress into the initial
 // snapshot's (the copy reports each table with its estimates first).
-func (r *replica) snapshotProgress(t Progress) {
+func (r *replicateRun) snapshotProgress(t Progress) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.tables == nil {

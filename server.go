@@ -2,7 +2,10 @@ package siphon
 
 import (
 	"context"
+	"fmt"
 
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/siphondb/siphon/pgdump"
 )
 
@@ -29,6 +32,15 @@ func (c *Conn) identifySystem(ctx context.Context) (streamInfo, error) {
 	}
 	defer closeSession(repl)
 	return identifySource(ctx, repl)
+}
+
+// identifySource reads the system identifier, timeline and server version.
+func identifySource(ctx context.Context, conn *pgconn.PgConn) (streamInfo, error) {
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return streamInfo{}, fmt.Errorf("identify system: %w", err)
+	}
+	return streamInfo{systemID: sys.SystemID, timeline: uint32(sys.Timeline), serverVersion: conn.ParameterStatus("server_version")}, nil
 }
 
 // streamInfo describes the source, from IDENTIFY_SYSTEM.

@@ -34,30 +34,6 @@ type userTable struct {
 	usable bool
 }
 
-// usableIdentity is true for a table c (an ordinary or partitioned table)
-// every leaf of which has a usable replica identity. Its leaves are read
-// from pg_inherits, as the query's snapshot sees it (pg_partition_tree
-// would read the latest catalog, which a REPEATABLE READ transaction does
-// not see).
-const usableIdentity = `NOT EXISTS (
-         WITH RECURSIVE tree (oid, leaf) AS (
-           SELECT c.oid, c.relkind = 'r'
-           UNION ALL
-           SELECT i.inhrelid, k.relkind <> 'p' FROM tree
-           JOIN pg_catalog.pg_inherits i ON i.inhparent = tree.oid JOIN pg_catalog.pg_class k ON k.oid = i.inhrelid
-           WHERE NOT tree.leaf)
-         SELECT FROM tree JOIN pg_catalog.pg_class l ON l.oid = tree.oid
-         WHERE tree.leaf AND NOT CASE l.relreplident
-           WHEN 'f' THEN true
-           WHEN 'i' THEN EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = l.oid AND i.indisreplident)
-           WHEN 'd' THEN EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = l.oid AND i.indisprimary)
-           ELSE false END)`
-
-// isUserTable is true for a table c (in schema n) that a publication may
-// hold: an ordinary or partitioned table, not temporary or unlogged, not
-// of an extension and not in a system schema or siphon's.
-const isUserTable = `c.relkind IN ('r', 'p') AND c.relpersistence = 'p' AND ` + inUserSchema + ` AND ` + notOfExtension
-
 // userTablesQuery lists the tables of $1 (schemas) and $2 (names), or
 // every user table when both are empty (not partitions, unless named: a
 // partitioned table carries its own), with whether every leaf has a

@@ -425,15 +425,6 @@ func (c *Conn) closeReplication(conn *pgconn.PgConn) {
 	closeAndEnd(c.pool, conn)
 }
 
-// identifySource reads the system identifier, timeline and server version.
-func identifySource(ctx context.Context, conn *pgconn.PgConn) (streamInfo, error) {
-	sys, err := pglogrepl.IdentifySystem(ctx, conn)
-	if err != nil {
-		return streamInfo{}, fmt.Errorf("identify system: %w", err)
-	}
-	return streamInfo{systemID: sys.SystemID, timeline: uint32(sys.Timeline), serverVersion: conn.ParameterStatus("server_version")}, nil
-}
-
 // run drives a started replication session: the wire reader decodes in its
 // goroutine, heartbeats are written in another, and this goroutine emits
 // and acknowledges. Both goroutines are joined before run returns.
