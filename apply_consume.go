@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -680,6 +681,11 @@ func (s *applySession) await() error {
 	}
 	return nil
 }
+
+// errConsumerDone closes the reading end of a pipe into ConsumeCanonical
+// once the call has returned, so that what writes into it (the filter of
+// consumeUpTo, Replicate's snapshot copy) stops.
+var errConsumerDone = errors.New("siphon: the apply session stopped reading")
 
 // withCleanup returns cause, noting a failure to clean up after it.
 func withCleanup(cause, cleanup error) error {

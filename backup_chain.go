@@ -2,7 +2,6 @@ package siphon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -271,10 +270,6 @@ func findCut(body io.Reader, opt RestoreChainOptions) (cut canonical.Position, w
 		}
 	}
 }
-
-// errConsumerDone stops the filter of consumeUpTo once ConsumeCanonical
-// has returned.
-var errConsumerDone = errors.New("siphon: the apply session stopped reading")
 
 // consumeUpTo applies an incremental up to the commit that ends at cut:
 // a goroutine of the call re-encodes its records up to there into a pipe
