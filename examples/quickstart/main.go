@@ -53,15 +53,18 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer cleanup()
+	// The tour changes no schema, and installs nothing in your database
+	// (with SIPHON_DSN): WithoutSchemaCapture says that siphon follows
+	// only the columns it sees added and dropped (see InstallSchemaCapture).
 	c, err := siphon.Connect(ctx, source, siphon.WithSlot(slotName), siphon.WithPublication(publicationName),
-		siphon.WithTables(shopTables...), siphon.WithProgress(progressBar(out)))
+		siphon.WithTables(shopTables...), siphon.WithProgress(progressBar(out)), siphon.WithoutSchemaCapture())
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	defer removeSlots(ctx, c, source) // a slot pins WAL for as long as it exists
 	backups, err := siphon.Connect(ctx, source, siphon.WithSlot(backupSlotName), siphon.WithPublication(publicationName),
-		siphon.WithTables(shopTables...))
+		siphon.WithTables(shopTables...), siphon.WithoutSchemaCapture())
 	if err != nil {
 		return err
 	}
