@@ -105,8 +105,9 @@ func (c *Conn) checkConnect(ctx context.Context) error {
 // against the server's release, and that the role may read every table and
 // sequence pg_dump dumps (SELECT on each, USAGE on their schemas, no
 // row-level security in the way), each missing privilege with its GRANT;
-// for apply, replication origins and
-// session_replication_role; and what the server's release offers.
+// for apply, replication origins, session_replication_role and the tables
+// of other roles (their owners' code runs as the applying role); and what
+// the server's release offers.
 func (c *Conn) Preflight(ctx context.Context) (*PreflightReport, error) {
 	f, err := c.readServerFacts(ctx)
 	if err != nil {
@@ -327,7 +328,57 @@ func (c *Conn) applyChecks(ctx context.Context) ([]Check, error) {
 		replica.Found = fmt.Sprintf("role %q may not set session_replication_role: apply refuses tables whose triggers, rules or foreign-key actions would fire", role.role)
 		replica.Fix = fmt.Sprintf("have a superuser run GRANT SET ON PARAMETER session_replication_role TO %s", sqltext.Ident(role.role))
 	}
-	return []Check{origins, replica}, nil
+	owners, err := c.tableOwnersCheck(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []Check{origins, replica, owners}, nil
+}
+
+// foreignOwnedTables lists, as "table (owned by role)", the user tables of
+// roles other than the current one that are not superusers (up to 6), and
+// counts them.
+const foreignOwnedTables = `
+SELECT pg_catalog.count(*) OVER (),
+       pg_catalog.format('%s (owned by %I)', c.oid::pg_catalog.regclass, r.rolname)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+WHERE ` + isUserTable + ` AND r.rolname <> current_user AND NOT r.rolsuper
+ORDER BY 2 LIMIT 6`
+
+// tableOwnersCheck names the tables whose owners' code would run as the
+// applying role: apply writes every table as itself, so the ENABLE ALWAYS
+// and ENABLE REPLICA triggers, constraints, index expressions and defaults
+// another role attached to its tables run with the applying role's rights
+// (see SECURITY.md).
+func (c *Conn) tableOwnersCheck(ctx context.Context) (Check, error) {
+	ch := Check{Name: CheckTableOwners, Status: CheckOK, Found: "the role or superusers own every table",
+		Needed: "apply: the code of the tables it writes (triggers, constraints, index expressions) runs as the applying role"}
+	rows, err := c.pool.Query(ctx, foreignOwnedTables)
+	if err != nil {
+		return ch, err
+	}
+	var total int
+	var names []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&total, &name); err != nil {
+			return ch, err
+		}
+		names = append(names, name)
+	}
+	if err := rows.Err(); err != nil || total == 0 {
+		return ch, err
+	}
+	if total > 5 {
+		names = append(names[:5], fmt.Sprintf("and %d more", total-5))
+	}
+	ch.Status = CheckWarning
+	ch.Found = fmt.Sprintf("tables of other roles that are not superusers (%d): %s; the code their owners attach to them "+
+		"(ENABLE ALWAYS and ENABLE REPLICA triggers, constraints, index expressions) runs as this role when apply writes them",
+		total, strings.Join(names, ", "))
+	ch.Fix = "apply into them as their owner (a Conn that logs in as it), or trust their owners as much as this role"
+	return ch, nil
 }
 
 // releaseCheck says what the server's release offers.

@@ -26,6 +26,7 @@ const (
 	CheckPgRestore       CheckName = "pg_restore"
 	CheckOrigins         CheckName = "replication origins"
 	CheckApplyRole       CheckName = "session_replication_role"
+	CheckTableOwners     CheckName = "table owners"
 	CheckRelease         CheckName = "release"
 	CheckSchemaCapture   CheckName = "schema capture"
 )

@@ -146,3 +146,36 @@ func TestDatabaseOwnerCannotHijackSiphonsSessions(t *testing.T) {
 			"none of her functions ran in siphon's sessions")
 	}
 }
+
+// TestPreflightNamesTablesOfOtherOwners: apply writes a target's tables as
+// the applying role, so the code another role attached to its tables runs
+// with that role's rights (SECURITY.md's limits). Preflight names such
+// tables and their owners, and passes once the applying role or a
+// superuser owns them.
+func TestPreflightNamesTablesOfOtherOwners(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	role, _ := loginRole(t, dsn, admin, "tableowner", "")
+	execSQL(t, admin, `CREATE TABLE accounts (id int PRIMARY KEY)`, `CREATE TABLE "Ledger Lines" (id int PRIMARY KEY)`,
+		`CREATE TABLE mine (id int PRIMARY KEY)`, `CREATE UNLOGGED TABLE scratch (id int)`,
+		`ALTER TABLE accounts OWNER TO `+role, `ALTER TABLE "Ledger Lines" OWNER TO `+role, `ALTER TABLE scratch OWNER TO `+role)
+	target := connect(t, dsn)
+	owners := func() siphon.Check {
+		report, err := target.Preflight(ctx)
+		require.NoError(t, err)
+		for _, ch := range report.Checks {
+			if ch.Name == siphon.CheckTableOwners {
+				return ch
+			}
+		}
+		t.Fatal("no table owners check")
+		return siphon.Check{}
+	}
+	ch := owners()
+	assert.Equal(t, siphon.CheckWarning, ch.Status)
+	assert.Contains(t, ch.Found, fmt.Sprintf(`tables of other roles that are not superusers (2): public."Ledger Lines" (owned by %s), public.accounts (owned by %s)`, role, role))
+	assert.Contains(t, ch.Fix, "apply into them as their owner")
+	execSQL(t, admin, `ALTER TABLE accounts OWNER TO CURRENT_USER`, `ALTER TABLE "Ledger Lines" OWNER TO CURRENT_USER`)
+	assert.Equal(t, siphon.CheckOK, owners().Status)
+}
