@@ -211,6 +211,7 @@ func FuzzStatements(f *testing.F) {
 	for _, s := range []string{
 		"SELECT 1; SELECT 2", `SELECT E'\';'; SELECT $a$;$a$`, "/* /* */ ; */ SELECT 1 -- x", `SELECT "a""b";`,
 		"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1 AS end; SELECT 2; END; SELECT 3",
+		"/*/*SELECT*/*/SELECT", // the statement's text inside a comment before it (found by the fuzzer)
 		`SET standard_conforming_strings = off; SELECT '\'; DROP TABLE public.accounts; --'; DROP TABLE mal.t1`,
 	} {
 		f.Add(s, true)
@@ -235,18 +236,20 @@ func FuzzStatements(f *testing.F) {
 			if s.Text == "" || strings.TrimLeft(s.Text, pgSpace) != s.Text || strings.TrimRight(s.Text, pgSpace) != s.Text {
 				t.Fatalf("statement %q is empty or not trimmed", s.Text)
 			}
-			i := strings.Index(query[at:], s.Text)
-			if i < 0 {
-				t.Fatalf("statement %q is not in the query after byte %d", s.Text, at)
-			}
-			start, end := at+i, at+i+len(s.Text)
-			// Every token outside the statements is a comment or a semicolon.
+			// The statement starts at the first token after the previous one
+			// that is neither a comment nor a semicolon (its text may also
+			// stand inside a comment before it: "/*SELECT*/SELECT").
+			start := -1
 			for _, tok := range tokens {
-				if p := int(tok.GetStart()); p >= at && p < start && !isComment(tok) && query[p] != ';' {
-					t.Fatalf("byte %d of %q (%s) is in no statement", p, query, tok.GetToken())
+				if p := int(tok.GetStart()); p >= at && !isComment(tok) && query[p] != ';' {
+					start = p
+					break
 				}
 			}
-			at = end
+			if start < 0 || !strings.HasPrefix(query[start:], s.Text) {
+				t.Fatalf("statement %q does not start at the first token after byte %d of %q", s.Text, at, query)
+			}
+			at = start + len(s.Text)
 		}
 		for _, tok := range tokens {
 			if p := int(tok.GetStart()); p >= at && !isComment(tok) && query[p] != ';' {
