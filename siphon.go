@@ -43,14 +43,18 @@ var sessionSettings = map[string]string{
 
 // explainSearchPath returns err, when the target's own code (a trigger's
 // function, a constraint's) did not find a name, with what to do about it:
-// that code runs under siphon's search_path. It returns err otherwise.
+// that code runs under siphon's search_path. It returns err otherwise. It
+// names the function from the error's context, never more of the context:
+// the lines after it (a COPY's) may quote the row.
 func explainSearchPath(err error) error {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Where == "" ||
-		!pgerr.Is(err, pgerrcode.UndefinedTable, pgerrcode.UndefinedFunction, pgerrcode.UndefinedObject) {
+	if !errors.As(err, &pgErr) || !pgerr.Is(err, pgerrcode.UndefinedTable, pgerrcode.UndefinedFunction, pgerrcode.UndefinedObject) {
 		return err
 	}
 	where, _, _ := strings.Cut(pgErr.Where, "\n")
+	if !strings.HasPrefix(where, "PL/pgSQL function ") && !strings.HasPrefix(where, "SQL function ") {
+		return err
+	}
 	return fmt.Errorf("%w: the target's own code (%s) names it without its schema, and siphon's sessions run with search_path = %s "+
 		"(as PostgreSQL's own apply workers do) unless the DSN sets one: name it with its schema, give the function SET search_path, "+
 		"or give the target's DSN a search_path (for example search_path=public)", err, where, sessionSettings["search_path"])
