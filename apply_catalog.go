@@ -41,6 +41,12 @@ type targetColumn struct {
 	// equal always print the same text, so = can match rows exactly (not so
 	// for numeric 1.0 = 1.00, float 0 = -0, json, point...).
 	exact bool
+	// eq is the type's equality operator as a WHERE clause writes it: "="
+	// for a built-in one, OPERATOR(schema.=) for one of another schema (an
+	// extension's, such as citext's), which siphon's search_path would not
+	// find: PostgreSQL's own apply looks up the key index's operator by
+	// its type too, never by name.
+	eq string
 	// required is true for a NOT NULL column with no default, no identity
 	// and no generation expression: an insert must give it.
 	required  bool
@@ -78,7 +84,15 @@ SELECT c.relkind = 'p', a.attname, a.atttypid::int8, t.typarray::int8, format_ty
        a.attgenerated <> '',
        coalesce((bt.typtype = 'e' OR bt.oid::int8 = ANY ($3::int8[])) AND coalesce(co.collisdeterministic, true), false),
        coalesce(array_position(pk.indkey::int2[], a.attnum) + 1, 0),
-       coalesce(array_position(ri.indkey::int2[], a.attnum) + 1, 0)
+       coalesce(array_position(ri.indkey::int2[], a.attnum) + 1, 0),
+       coalesce((SELECT 'OPERATOR(' || pg_catalog.quote_ident(opn.nspname) || '.' || o.oprname || ')'
+                 FROM pg_catalog.pg_opclass oc
+                 JOIN pg_catalog.pg_am am ON am.oid = oc.opcmethod AND am.amname = 'btree'
+                 JOIN pg_catalog.pg_amop ao ON ao.amopfamily = oc.opcfamily AND ao.amopstrategy = 3
+                   AND ao.amoplefttype = oc.opcintype AND ao.amoprighttype = oc.opcintype
+                 JOIN pg_catalog.pg_operator o ON o.oid = ao.amopopr
+                 JOIN pg_catalog.pg_namespace opn ON opn.oid = o.oprnamespace
+                 WHERE oc.opcdefault AND oc.opcintype = bt.oid AND opn.nspname <> 'pg_catalog' LIMIT 1), '=')
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -111,7 +125,7 @@ func loadTargetTable(ctx context.Context, q querier, name canonical.TableName) (
 			req, gen   *bool
 			pkAt, riAt int
 		)
-		if err := rows.Scan(&t.partitioned, &attname, &typeOID, &arrayOID, &typ, &req, &gen, &col.exact, &pkAt, &riAt); err != nil {
+		if err := rows.Scan(&t.partitioned, &attname, &typeOID, &arrayOID, &typ, &req, &gen, &col.exact, &pkAt, &riAt, &col.eq); err != nil {
 			return nil, fmt.Errorf("read the target's catalog for %s: %w", name, err)
 		}
 		found = true
@@ -207,6 +221,7 @@ type boundColumn struct {
 	typeOID  uint32
 	arrayOID uint32
 	exact    bool
+	eq       string // the equality operator (see targetColumn.eq)
 }
 
 // bind checks that the source columns fit the target table and maps them.
@@ -233,7 +248,7 @@ func bind(t *targetTable, cols []canonical.Column, src *canonical.Table) (*bindi
 		case sc.Type != "" && sc.Type != tc.typ && builtinType(sc.TypeOID):
 			return nil, fail(sc.Name, fmt.Sprintf("the column is %s in the source but %s in the target: give both the same type", sc.Type, tc.typ))
 		}
-		b.cols = append(b.cols, boundColumn{quoted: sqltext.Ident(sc.Name), typeOID: tc.typeOID, arrayOID: tc.arrayOID, exact: tc.exact})
+		b.cols = append(b.cols, boundColumn{quoted: sqltext.Ident(sc.Name), typeOID: tc.typeOID, arrayOID: tc.arrayOID, exact: tc.exact, eq: tc.eq})
 	}
 	for _, tc := range t.columns {
 		if tc.required && !slices.ContainsFunc(cols, func(c canonical.Column) bool { return c.Name == tc.name }) {

@@ -309,7 +309,7 @@ func (b *binding) keyCheck() *statement {
 		}
 		fmt.Fprintf(&params, "$%d", i+1)
 		fmt.Fprintf(&names, "k%d", i)
-		fmt.Fprintf(&on, "t.%s = k.k%d", b.cols[k].quoted, i)
+		fmt.Fprintf(&on, "t.%s %s k.k%d", b.cols[k].quoted, b.cols[k].eq, i)
 	}
 	st.sql = "SELECT EXISTS (SELECT FROM " + b.quoted + " t JOIN unnest(" + params.String() + ") AS k(" +
 		names.String() + ") ON " + on.String() + ")"

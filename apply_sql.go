@@ -248,7 +248,7 @@ func (b *binding) buildSQL(sh *shape) string {
 			if i > 0 {
 				s.WriteString(" AND ")
 			}
-			s.WriteString(b.cols[c].quoted + " = " + param())
+			s.WriteString(b.cols[c].quoted + " " + b.cols[c].eq + " " + param())
 		}
 	case shapeUpdateRow, shapeDeleteRow:
 		s.WriteString(b.oneRowWhere(sh.where, param))

@@ -1046,3 +1046,41 @@ func TestConsumeCanonicalInsertRunsIntoExistingRows(t *testing.T) {
 	assert.Equal(t, [][]*string{{ptr("new"), ptr("165")}, {ptr("old"), ptr("35")}},
 		rawRows(t, target, "SELECT note, count(*) FROM items GROUP BY note ORDER BY note"))
 }
+
+// TestApplyKeysOfExtensionTypes replicates tables keyed by extension types
+// (citext, ltree: their = lives in the extension's schema, which siphon's
+// search_path leaves out) and then updates and deletes rows by key: apply
+// finds each row with the key type's own equality operator, as PostgreSQL's
+// apply does, so the target equals the source.
+func TestApplyKeysOfExtensionTypes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srcDSN, src := newDatabase(t)
+	tgtDSN, tgt := newDatabase(t)
+	for _, conn := range []*pgx.Conn{src, tgt} {
+		execSQL(t, conn, `CREATE EXTENSION citext`, `CREATE EXTENSION ltree`,
+			`CREATE TABLE users (email citext PRIMARY KEY, name text NOT NULL)`,
+			`CREATE TABLE paths (path ltree PRIMARY KEY, label text)`)
+	}
+	execSQL(t, src, `INSERT INTO users SELECT 'User' || i || '@Example.com', 'user ' || i FROM generate_series(1, 200) i`,
+		`INSERT INTO paths SELECT ('top.n' || i)::ltree, 'node ' || i FROM generate_series(1, 200) i`)
+	c, slot := streamConn(t, srcDSN)
+	target := connect(t, tgtDSN)
+	run := startReplicate(t, c, target, siphon.ReplicateOptions{Snapshot: true})
+	systemID := systemIdentifier(t, src)
+	waitApplied(t, target, systemID, slot, sourceMark(t, src), run)
+	execSQL(t, src, `UPDATE users SET name = 'renamed' WHERE email = 'user7@example.com'`,
+		`DELETE FROM users WHERE email = 'USER8@EXAMPLE.COM'`,
+		`UPDATE users SET email = 'moved@example.com' WHERE email = 'user9@example.com'`,
+		`UPDATE paths SET label = 'moved' WHERE path = 'top.n7'`,
+		`DELETE FROM paths WHERE path <@ 'top.n8'`,
+		`INSERT INTO users VALUES ('New@Example.com', 'new')`, `INSERT INTO paths VALUES ('top.new', 'new')`)
+	waitApplied(t, target, systemID, slot, sourceMark(t, src), run)
+	_, err := run.stop()
+	require.NoError(t, err)
+	for _, table := range []string{"users", "paths"} {
+		assert.Equal(t, digest(t, src, table), digest(t, tgt, table), table)
+	}
+	assert.Equal(t, 1, count(t, tgt, `SELECT count(*) FROM users WHERE name = 'renamed' AND email = 'User7@Example.com'`), "the row found by its citext key")
+	require.NoError(t, c.Detach(ctx))
+}
