@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -186,15 +185,17 @@ func checkPrefix(prefix string) error {
 // ([*MessageTooLargeError]), a failed connection to the database. A
 // Publisher runs one Run at a time.
 func (p *Publisher) Run(ctx context.Context, dsn string, opts ...siphon.Option) (canonical.Position, error) {
-	systemID, err := readSystemID(ctx, dsn)
-	if err != nil {
-		return 0, fmt.Errorf("natsjs: run: %w", err)
-	}
 	c, err := siphon.Connect(ctx, dsn, append(opts, siphon.WithSlot(p.cfg.Slot))...)
 	if err != nil {
 		return 0, fmt.Errorf("natsjs: run: %w", err)
 	}
 	defer c.Close()
+	// Read through siphon's sessions, whose search_path the database's
+	// owner cannot set.
+	systemID, err := c.SystemID(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("natsjs: run: %w", err)
+	}
 	var held canonical.Position
 	wait := minRetryWait
 	for {
@@ -244,20 +245,6 @@ func (p *Publisher) settled(held canonical.Position, systemID string) canonical.
 func retryable(err error) bool {
 	var pe *publishError
 	return errors.As(err, &pe) || errors.As(err, new(*siphon.StreamInterruptedError)) || errors.Is(err, siphon.ErrSlotInUse)
-}
-
-// readSystemID returns the system identifier of dsn's server.
-func readSystemID(ctx context.Context, dsn string) (string, error) {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return "", fmt.Errorf("read the source's system identifier: %w", err)
-	}
-	defer conn.Close(context.Background())
-	var id string
-	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&id); err != nil {
-		return "", fmt.Errorf("read the source's system identifier: %w", err)
-	}
-	return id, nil
 }
 
 // StreamConfig returns a stream configuration fit for a [Publisher] with
