@@ -387,8 +387,8 @@ func TestRealSchemaWithoutReplicaPrivilege(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	assert.Equal(t, pgerrcode.UndefinedTable, pgErr.Code)
-	assert.Contains(t, err.Error(), "the target's own code (PL/pgSQL function public.audit() line 2 at SQL statement) names it without its schema")
-	assert.Contains(t, err.Error(), "give the target's DSN a search_path")
+	assert.Contains(t, err.Error(), "the target's own code (PL/pgSQL function public.audit() line 2 at SQL statement) did not find it")
+	assert.Contains(t, err.Error(), "a search_path in the target's DSN (search_path=public) serves too")
 	for _, table := range userTables(t, firing) {
 		assert.Zero(t, count(t, firing, "SELECT count(*) FROM "+table), "%s: nothing was loaded", table)
 	}

@@ -87,16 +87,16 @@
 // the source. See [Conn.ConsumeCanonical] for roles that may not set that
 // parameter, and [WithTriggersOnApply].
 //
-// Every session siphon opens, on sources and targets, runs with
-// search_path = pg_catalog, pg_temp, as PostgreSQL's own apply workers do,
-// so that no function or operator a database's owner puts first in the
+// Every session siphon opens, on sources and targets, runs with search_path
+// = pg_catalog, pg_temp (PostgreSQL's own apply workers run with an empty
+// one), so that no function or operator a database's owner puts first in the
 // database's search_path runs in place of a built-in siphon calls. Code of
 // the target's that fires during an apply (a trigger's function, a
 // constraint's) must therefore name its tables and functions with their
-// schema, or set its own search_path (CREATE FUNCTION … SET search_path);
-// an apply that meets such a name says so in its error. A search_path the
-// DSN gives (search_path=public) is kept: your choice, for sessions you
-// trust that database's owner with.
+// schema, or set its own search_path (CREATE FUNCTION … SET search_path); an
+// apply that meets such a name says so in its error. A search_path the DSN
+// gives (search_path=public, or in its options or PGOPTIONS) is kept: your
+// choice, where only roles you trust may create objects in its schemas.
 //
 // # Slots
 //
@@ -153,7 +153,7 @@
 // The trigger also keeps the publications safe: a table created in a
 // transaction joins every publication of all tables before its first row,
 // and a published table that loses its usable replica identity leaves it (as
-// [WithKeylessTables] says), so the application's statements never fail. A
+// [WithKeylessTables] says), so the application's statements keep working. A
 // publication of your own FOR ALL TABLES or FOR TABLES IN SCHEMA holds its
 // new tables by itself, and keeps a table that lost its usable replica
 // identity (PostgreSQL then refuses that table's UPDATE and DELETE; the

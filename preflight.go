@@ -3,6 +3,7 @@ package siphon
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/siphondb/siphon/internal/sqltext"
@@ -221,10 +222,13 @@ func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
 			pub.Found = fmt.Sprintf("publication %q does not exist, and role %q may not create it: it lacks %s", c.opts.publication, lacks.Role, lacks.Privilege)
 		}
 	}
-	var keyless []string
+	var keyless, held []string // held: by a schema the publication publishes
 	for _, t := range tables {
 		if !t.usable {
 			keyless = append(keyless, t.name.String())
+			if slices.Contains(s.bySchema, t.name) {
+				held = append(held, t.name.String())
+			}
 		}
 	}
 	identity := Check{Name: CheckReplicaIdentity, Status: CheckOK, Found: "every captured table has a usable replica identity",
@@ -242,6 +246,11 @@ func (c *Conn) publicationChecks(ctx context.Context) ([]Check, error) {
 			identity.Found = fmt.Sprintf("publication %q is FOR ALL TABLES and %s %s no usable replica identity: the application's UPDATE and DELETE on them fail",
 				c.opts.publication, list, pluralHas(len(keyless)))
 			identity.Fix = "drop the publication (siphon makes one that names its tables), or give " + them + " a primary key or REPLICA IDENTITY FULL"
+		case len(held) > 0 && c.opts.keyless != KeylessFull:
+			identity.Status = CheckFailed
+			identity.Found = fmt.Sprintf("publication %q publishes the schema of %s, which %s no usable replica identity: it holds them whatever "+
+				"WithKeylessTables says, and the application's UPDATE and DELETE on them fail", c.opts.publication, strings.Join(held, ", "), pluralHas(len(held)))
+			identity.Fix = "give them a primary key or REPLICA IDENTITY FULL (WithKeylessTables(KeylessFull) sets it), or publish the tables by name"
 		case c.opts.keyless == KeylessFull:
 			identity.Found = "with REPLICA IDENTITY FULL (KeylessFull), siphon captures " + list + " whole"
 			identity.Fix = "nothing to do; a primary key would make " + their + " updates cheaper in WAL and apply"
@@ -335,16 +344,16 @@ func (c *Conn) applyChecks(ctx context.Context) ([]Check, error) {
 	return []Check{origins, replica, owners}, nil
 }
 
-// foreignOwnedTables lists, as "table (owned by role)", the user tables of
-// roles other than the current one that are not superusers (up to 6), and
-// counts them.
+// foreignOwnedTables lists, as "table (owned by role)", the first five
+// user tables of roles other than the current one that are not
+// superusers, each with the count of them all.
 const foreignOwnedTables = `
 SELECT pg_catalog.count(*) OVER (),
        pg_catalog.format('%s (owned by %I)', c.oid::pg_catalog.regclass, r.rolname)
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
 WHERE ` + isUserTable + ` AND r.rolname <> current_user AND NOT r.rolsuper
-ORDER BY 2 LIMIT 6`
+ORDER BY 2 LIMIT 5`
 
 // tableOwnersCheck names the tables whose owners' code would run as the
 // applying role: apply writes every table as itself, so the ENABLE ALWAYS
@@ -370,8 +379,8 @@ func (c *Conn) tableOwnersCheck(ctx context.Context) (Check, error) {
 	if err := rows.Err(); err != nil || total == 0 {
 		return ch, err
 	}
-	if total > 5 {
-		names = append(names[:5], fmt.Sprintf("and %d more", total-5))
+	if total > len(names) {
+		names = append(names, fmt.Sprintf("and %d more", total-len(names)))
 	}
 	ch.Status = CheckWarning
 	ch.Found = fmt.Sprintf("tables of other roles that are not superusers (%d): %s; the code their owners attach to them "+

@@ -31,11 +31,15 @@ import (
 //
 // The same trigger keeps the publications safe and complete while the
 // application migrates: a table created in a transaction is added to every
-// publication of all tables (as WithKeylessTables says for a table without
-// a usable replica identity) before its first row, and a published table
-// that loses its usable replica identity is moved out as the policy says,
-// so the application's UPDATE and DELETE never fail. The publications it
-// looks after are listed in siphon.capture_publications.
+// publication it looks after that takes every table (no WithTables; as
+// WithKeylessTables says for a table without a usable replica identity)
+// before its first row, and a published table that loses its usable
+// replica identity is moved out as the policy says, so the application's
+// UPDATE and DELETE keep working. A publication that holds tables by its
+// definition (FOR ALL TABLES, TABLES IN SCHEMA) holds its new tables by
+// itself and cannot let one out: the capture names none in it, and reports
+// a table it holds that has no usable replica identity. The publications
+// it looks after are listed in siphon.capture_publications.
 //
 // The trigger never makes the application's DDL fail: whatever goes wrong
 // in it is caught, recorded as a schema change the apply refuses (so the

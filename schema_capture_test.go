@@ -366,6 +366,15 @@ func TestCaptureThroughAUsersPublication(t *testing.T) {
 			added, err := c.SyncPublication(context.Background())
 			require.NoError(t, err, "nothing to sync: the publication holds every table by its definition")
 			assert.Empty(t, added)
+			report, err := c.Preflight(context.Background())
+			require.NoError(t, err)
+			for _, ch := range report.Checks {
+				if ch.Name == siphon.CheckReplicaIdentity {
+					assert.Equal(t, siphon.CheckFailed, ch.Status, "the keyless table stays published: its UPDATE and DELETE fail")
+					assert.Contains(t, ch.Found, "notes")
+					assert.Contains(t, ch.Found, "the application's UPDATE and DELETE on them fail")
+				}
+			}
 			require.NoError(t, c.Detach(context.Background()))
 			require.NoError(t, c.Close())
 		})

@@ -305,8 +305,8 @@ func (s *schemaChanges) logPublication(row *capturedChange) {
 			s.log.Warn("a published table lost its usable replica identity and left the publication (WithKeylessTables): its changes are no longer captured; give it a primary key, then run SyncPublication",
 				"publication", p.Publication, "table", table)
 		case "held":
-			s.log.Warn("a table the publication holds by its definition (FOR ALL TABLES or TABLES IN SCHEMA) lost its usable replica identity: "+
-				"its UPDATE and DELETE fail on the source until it has one again (a primary key, or REPLICA IDENTITY FULL)",
+			s.log.Warn("a table the publication holds by its definition (FOR ALL TABLES or TABLES IN SCHEMA) has no usable replica identity: "+
+				"its UPDATE and DELETE fail on the source until it has one (a primary key, or REPLICA IDENTITY FULL)",
 				"publication", p.Publication, "table", table)
 		default:
 			s.log.Warn("a table without a usable replica identity is captured for its inserts only (WithKeylessTables)", "publication", p.Publication, "table", table)

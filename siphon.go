@@ -29,7 +29,8 @@ import (
 // workers: a search_path the database's owner sets (ALTER DATABASE … SET)
 // could otherwise put her functions and operators before the built-ins,
 // to run as siphon's role. An application_name or search_path the DSN
-// gives is the user's own choice and is kept.
+// gives (search_path=…, or -c search_path=… in its options or PGOPTIONS)
+// is the user's own choice and is kept.
 var sessionSettings = map[string]string{
 	"search_path":        "pg_catalog, pg_temp",
 	"DateStyle":          "ISO, MDY",
@@ -55,9 +56,10 @@ func explainSearchPath(err error) error {
 	if !strings.HasPrefix(where, "PL/pgSQL function ") && !strings.HasPrefix(where, "SQL function ") {
 		return err
 	}
-	return fmt.Errorf("%w: the target's own code (%s) names it without its schema, and siphon's sessions run with search_path = %s "+
-		"(as PostgreSQL's own apply workers do) unless the DSN sets one: name it with its schema, give the function SET search_path, "+
-		"or give the target's DSN a search_path (for example search_path=public)", err, where, sessionSettings["search_path"])
+	return fmt.Errorf("%w: the target's own code (%s) did not find it, and siphon's sessions run with search_path = %s "+
+		"(PostgreSQL's own apply workers run with an empty one): where that code names it without its schema, name the schema "+
+		"or give the function SET search_path; a search_path in the target's DSN (search_path=public) serves too, "+
+		"where only roles you trust may create objects in its schemas", err, where, sessionSettings["search_path"])
 }
 
 // Conn is a connection to one PostgreSQL database. It is safe for
@@ -115,11 +117,14 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 		// part is wrong in words that quote no secret.
 		return nil, errorf("siphon: %w: %s", ErrInvalidDSN, dsnpkg.Problem(dsn))
 	}
+	params := poolConfig.ConnConfig.RuntimeParams
 	for name, value := range sessionSettings {
-		if _, set := poolConfig.ConnConfig.RuntimeParams[name]; set && (name == "application_name" || name == "search_path") {
-			continue // the user's own wins
+		_, set := params[name]
+		switch {
+		case set && name == "application_name", name == "search_path" && (set || strings.Contains(params["options"], "search_path")):
+			continue // the user's own wins (a search_path in options or PGOPTIONS too)
 		}
-		poolConfig.ConnConfig.RuntimeParams[name] = value
+		params[name] = value
 	}
 	poolConfig.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, poolConfig)

@@ -432,9 +432,9 @@ type publicationState struct {
 	// under their roots (publish_via_partition_root); anyViaRoot: one does.
 	allViaRoot, anyViaRoot bool
 	main, insertsOnly      []canonical.TableName
-	// bySchema lists the tables of main it holds only because it publishes
-	// their schema (FOR TABLES IN SCHEMA): no ALTER PUBLICATION moves one
-	// out by name.
+	// bySchema lists the tables of main it holds because it publishes their
+	// schema (FOR TABLES IN SCHEMA), named in it or not: no ALTER
+	// PUBLICATION moves one out.
 	bySchema []canonical.TableName
 }
 
@@ -448,17 +448,17 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 	// owner sets could put a table of the same name first.
 	rows, err := q.Query(ctx, `
 		WITH held AS (
-		  SELECT h.pub, h.oid, pg_catalog.bool_or(h.named) AS named FROM (
+		  SELECT h.pub, h.oid, pg_catalog.bool_or(NOT h.named) AS by_schema FROM (
 		    SELECT r.prpubid AS pub, r.prrelid AS oid, true AS named FROM pg_catalog.pg_publication_rel r
 		    UNION ALL SELECT pn.pnpubid, c.oid, false FROM pg_catalog.pg_publication_namespace pn JOIN pg_catalog.pg_class c ON c.relnamespace = pn.pnnspid
 		    WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p') h
 		  GROUP BY h.pub, h.oid)
 		SELECT p.pubname = $1, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot,
-		       coalesce(t.schemas, '{}'), coalesce(t.names, '{}'), coalesce(t.named, '{}')
+		       coalesce(t.schemas, '{}'), coalesce(t.names, '{}'), coalesce(t.by_schema, '{}')
 		FROM pg_catalog.pg_publication p CROSS JOIN LATERAL (
 		  SELECT pg_catalog.array_agg(n.nspname::pg_catalog.text ORDER BY n.nspname, c.relname) AS schemas,
 		         pg_catalog.array_agg(c.relname::pg_catalog.text ORDER BY n.nspname, c.relname) AS names,
-		         pg_catalog.array_agg(h.named ORDER BY n.nspname, c.relname) AS named
+		         pg_catalog.array_agg(h.by_schema ORDER BY n.nspname, c.relname) AS by_schema
 		  FROM held h JOIN pg_catalog.pg_class c ON c.oid = h.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		  WHERE h.pub = p.oid) t
 		WHERE p.pubname IN ($1, $2)`, c.opts.publication, c.opts.publication+insertsSuffix)
@@ -471,8 +471,8 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 		var isMain, all, viaRoot bool
 		var flags [4]bool
 		var schemas, names []string
-		var named []bool
-		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &viaRoot, &schemas, &names, &named); err != nil {
+		var held []bool
+		if err := rows.Scan(&isMain, &all, &flags[0], &flags[1], &flags[2], &flags[3], &viaRoot, &schemas, &names, &held); err != nil {
 			return s, errorf("siphon: look up publication %q: %w", c.opts.publication, err)
 		}
 		s.allViaRoot, s.anyViaRoot = s.allViaRoot && viaRoot, s.anyViaRoot || viaRoot
@@ -480,7 +480,7 @@ func (c *Conn) readPublications(ctx context.Context, q querier) (publicationStat
 		var bySchema []canonical.TableName
 		for i := range names {
 			tables[i] = canonical.TableName{Schema: schemas[i], Name: names[i]}
-			if !named[i] {
+			if held[i] {
 				bySchema = append(bySchema, tables[i])
 			}
 		}
@@ -648,7 +648,8 @@ func (c *Conn) syncViaRoot(ctx context.Context, tx pgx.Tx) error {
 // SyncPublication brings siphon's publication in line with the tables of
 // today: it adds the tables created since it was made (when it publishes
 // every table), and moves tables that lost their usable replica identity
-// as [WithKeylessTables] says. It returns the tables it added: their
+// as [WithKeylessTables] says (a publication that holds a table by its
+// schema keeps it: [Conn.Preflight] reports such a table). It returns the tables it added: their
 // changes before now were not captured, so copy their rows (a
 // [Snapshot] of them, with [Snapshot.CopyTables]) before applying what
 // streams after. It also sets the publications' publish_via_partition_root
@@ -720,7 +721,10 @@ func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.Tabl
 	missing := func(want, have []canonical.TableName) []canonical.TableName {
 		return slices.DeleteFunc(slices.Clone(want), func(t canonical.TableName) bool { return slices.Contains(have, t) })
 	}
-	addMain, addInserts := missing(p.main, s.main), missing(p.inserts, s.insertsOnly)
+	addMain := missing(p.main, s.main)
+	// A table the main publication holds by its schema is published whole:
+	// the inserts-only companion would add nothing.
+	addInserts := slices.DeleteFunc(missing(p.inserts, s.insertsOnly), func(t canonical.TableName) bool { return slices.Contains(s.bySchema, t) })
 	unsafe := slices.DeleteFunc(slices.Clone(s.main), func(t canonical.TableName) bool {
 		return slices.Contains(p.main, t) || slices.Contains(s.bySchema, t) // one held by its schema cannot leave
 	})
