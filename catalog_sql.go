@@ -9,7 +9,7 @@ const (
 	// siphon's own.
 	inUserSchema = `n.nspname NOT IN ('pg_catalog', 'information_schema', 'siphon') AND n.nspname NOT LIKE 'pg\_%'`
 	// notOfExtension is true for a relation no extension owns.
-	notOfExtension = `NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')`
+	notOfExtension = `NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = c.oid AND d.deptype = 'e')`
 )
 
 // indexColumns selects, in key order, the column names of table c's index
