@@ -2,9 +2,11 @@ package natsjs_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,6 +109,16 @@ func expectMessages(prefix string, changes []canonical.Change) []expectedMsg {
 // the headers of the first).
 func checkMessages(t *testing.T, got []*jetstream.RawStreamMsg, want []expectedMsg, systemID, slot string) {
 	t.Helper()
+	defer func() {
+		if t.Failed() { // what the stream holds, to tell a lost message from a repeated one
+			var held strings.Builder
+			for _, m := range got {
+				fmt.Fprintf(&held, "\n%d %s commit %s index %s id %s", m.Sequence, m.Subject,
+					m.Header.Get(natsjs.HeaderCommit), m.Header.Get(natsjs.HeaderIndex), m.Header.Get(nats.MsgIdHdr))
+			}
+			t.Logf("the stream holds:%s", held.String())
+		}
+	}()
 	ids := map[string]bool{}
 	k := 0
 	for _, m := range got {
