@@ -111,12 +111,17 @@ func TestKillSnapshotCopyAtRandomPointsResumes(t *testing.T) {
 	// 250 a whole copy commits), so that every kill lands before the copy
 	// completes, for up to about 120 rounds.
 	maxCommits := max(1, 120/rounds)
-	for i := range rounds {
+	// resumed reads what a run starts from, and counts it.
+	resumed := func() copyState {
 		state := readCopyState(t, tgtConn)
 		if state.partial() {
 			midTable++
 		}
 		skipped += state.committed
+		return state
+	}
+	for i := range rounds {
+		state := resumed()
 		// Every fourth round may be killed early. Which rounds is fixed, not
 		// drawn: with few rounds (CI's releases other than 15 run 4) a draw
 		// could make every kill early, leaving no table copied in part.
@@ -130,11 +135,7 @@ func TestKillSnapshotCopyAtRandomPointsResumes(t *testing.T) {
 			i+1, state.committed, where, lost, after.committed, after.summary())
 		assert.NotContains(t, out, "\nX ", "no relation restarts: none was rewritten")
 	}
-	state := readCopyState(t, tgtConn)
-	if state.partial() {
-		midTable++
-	}
-	skipped += state.committed
+	state := resumed()
 	out := runLastCopyChild(t, env)
 	require.NoError(t, load.stop())
 	require.Contains(t, out, "\ndone\n")

@@ -117,7 +117,6 @@ DECLARE
   skip pg_catalog.text;
   query pg_catalog.text := pg_catalog.current_query();
   empty pg_catalog.bool;
-  published pg_catalog.bool;
   p record;
   t record;
   leaf record;
@@ -215,24 +214,24 @@ BEGIN
         FOR t IN
           SELECT c.oid, c.oid::pg_catalog.regclass::pg_catalog.text AS name, pg_catalog.jsonb_build_array(n.nspname, c.relname) AS pair,
                  ` + usableIdentity + ` AS usable,
-                 EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication pb ON pb.oid = pr.prpubid
-                         WHERE pr.prrelid = c.oid AND pb.pubname = p.publication) AS named,
-                 EXISTS (SELECT FROM pg_catalog.pg_publication pb WHERE pb.pubname = p.publication AND (pb.puballtables
-                           OR EXISTS (SELECT FROM pg_catalog.pg_publication_namespace pn WHERE pn.pnpubid = pb.oid AND pn.pnnspid = c.relnamespace)))
-                   AS by_definition,
+                 d.by_definition OR EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication pb ON pb.oid = pr.prpubid
+                         WHERE pr.prrelid = c.oid AND pb.pubname = p.publication) AS published,
+                 d.by_definition,
                  EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication pb ON pb.oid = pr.prpubid
                          WHERE pr.prrelid = c.oid AND pb.pubname = p.inserts_publication) AS inserts_only
           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          -- A table a publication holds by its definition (FOR ALL TABLES,
+          -- TABLES IN SCHEMA) is published, and no ALTER PUBLICATION can
+          -- add or drop it by name.
+          CROSS JOIN LATERAL (SELECT EXISTS (SELECT FROM pg_catalog.pg_publication pb WHERE pb.pubname = p.publication AND (pb.puballtables
+                   OR EXISTS (SELECT FROM pg_catalog.pg_publication_namespace pn WHERE pn.pnpubid = pb.oid AND pn.pnnspid = c.relnamespace)))
+                 AS by_definition) d
           WHERE c.oid = ANY (candidates) AND ` + isUserTable + `
             AND CASE WHEN p.tables IS NULL THEN NOT c.relispartition
                      ELSE p.tables @> pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_array(n.nspname, c.relname)) END
         LOOP
-          -- A table a publication holds by its definition (FOR ALL TABLES,
-          -- TABLES IN SCHEMA) is published, and no ALTER PUBLICATION can
-          -- add or drop it by name.
-          published := t.named OR t.by_definition;
-          IF published AND NOT t.usable OR NOT published AND NOT t.inserts_only AND p.tables IS NULL AND t.oid = ANY (created_tables) THEN
-            IF NOT published THEN
+          IF t.published AND NOT t.usable OR NOT t.published AND NOT t.inserts_only AND p.tables IS NULL AND t.oid = ANY (created_tables) THEN
+            IF NOT t.published THEN
               -- Rows written before the table joins the publication are
               -- not decoded: only an empty table, or one a CREATE TABLE AS
               -- just filled (the target runs the same statement), joins.
@@ -246,7 +245,7 @@ BEGIN
                 statements := statements || pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY FULL', leaf.oid::pg_catalog.regclass);
                 EXECUTE statements[pg_catalog.cardinality(statements)];
               END LOOP;
-              IF NOT published THEN
+              IF NOT t.published THEN
                 EXECUTE pg_catalog.format('ALTER PUBLICATION %I ADD TABLE %s', p.publication, t.name);
                 changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'added');
               END IF;
@@ -258,13 +257,13 @@ BEGIN
               -- until it has a usable replica identity again.
               changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'held');
             ELSE
-              IF published THEN
+              IF t.published THEN
                 EXECUTE pg_catalog.format('ALTER PUBLICATION %I DROP TABLE %s', p.publication, t.name);
               END IF;
               IF p.keyless = 'inserts' AND p.inserts_publication IS NOT NULL THEN
                 EXECUTE pg_catalog.format('ALTER PUBLICATION %I ADD TABLE %s', p.inserts_publication, t.name);
                 changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'inserts only');
-              ELSIF published THEN
+              ELSIF t.published THEN
                 changes := changes || pg_catalog.jsonb_build_object('publication', p.publication, 'table', t.pair, 'action', 'removed');
               END IF;
             END IF;
