@@ -320,3 +320,33 @@ func TestForgedCaptureTableIsNeverRun(t *testing.T) {
 	assert.Equal(t, 2, count(t, tgt, "SELECT count(*) FROM public.accounts"))
 	require.NoError(t, c.DropSlot(ctx, slot))
 }
+
+// TestCaptureCannotBeHijackedThroughOperators: the capture's SQL names its
+// types and functions with their schema, but not its operators (=, LIKE,
+// ~*, ||): those resolve in pg_catalog only because its functions pin
+// search_path. Her = and ~~ on text, and || on jsonb, in her schema put
+// first in her search_path, must not run as the superuser.
+func TestCaptureCannotBeHijackedThroughOperators(t *testing.T) {
+	t.Parallel()
+	dsn, admin := newDatabase(t)
+	c, slot, _ := captureConnAt(t, dsn)
+
+	role, mallory := hostileRole(t, dsn, admin, false)
+	grab := "BEGIN EXECUTE 'ALTER ROLE " + role + " SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;"
+	execSQL(t, mallory,
+		"CREATE FUNCTION mal.eq(a text, b text) RETURNS bool LANGUAGE plpgsql AS $$ BEGIN "+grab+" RETURN pg_catalog.texteq(a, b); END $$",
+		"CREATE FUNCTION mal.like(a text, b text) RETURNS bool LANGUAGE plpgsql AS $$ BEGIN "+grab+" RETURN pg_catalog.textlike(a, b); END $$",
+		"CREATE FUNCTION mal.cat(a jsonb, b jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$ BEGIN "+grab+" RETURN pg_catalog.jsonb_concat(a, b); END $$",
+		"CREATE OPERATOR mal.= (LEFTARG = text, RIGHTARG = text, FUNCTION = mal.eq)",
+		"CREATE OPERATOR mal.~~ (LEFTARG = text, RIGHTARG = text, FUNCTION = mal.like)",
+		"CREATE OPERATOR mal.|| (LEFTARG = jsonb, RIGHTARG = jsonb, FUNCTION = mal.cat)",
+		"SET search_path = mal, pg_catalog",
+		"CREATE TABLE mal.x (id int)",
+		"ALTER TABLE mal.x ADD COLUMN a int",
+		"DROP TABLE mal.x")
+	assert.False(t, isSuperuser(t, admin, role), "her operators did not run as the superuser")
+
+	require.NoError(t, c.Detach(context.Background()))
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot)
+}
