@@ -41,31 +41,53 @@ func (a *attempt) resume() (canonical.Position, error) {
 	if info.State.Msgs == 0 {
 		return a.prev, nil
 	}
-	last, ok, err := a.lastMessage(s, prefix+".>")
-	if err != nil || !ok {
-		return a.prev, err
-	}
-	// Messages may have been stored since the stream's state was read.
-	a.seq = max(a.seq, last.Sequence)
-	marker := last.Subject == CommitSubject(prefix)
-	h, err := a.ownHeader(last, marker)
-	if err != nil {
-		return 0, err
-	}
-	a.held = msgKey{h.commit, h.last()}
-	if marker {
+	return a.resumeFrom(s)
+}
+
+// resumeFrom reads the stream's last message and the last commit marker
+// at or before it, and sets the attempt after them: its next message is
+// stored right after the last one, and is the change after it.
+//
+// The stream may grow while it is read: the messages of an earlier
+// attempt may still arrive (the NATS client's reconnect buffer flushed,
+// a publish JetStream did not answer sent again). The three must come
+// from one state of the stream. Were the marker newer than the last
+// message, the attempt would stream from after a transaction and expect
+// the stream to end before its marker: its first message would be
+// refused, and the next, sent before the refusal came back, stored in its
+// place (a commit marker without its changes). So where the stream grew
+// between the two reads, they are made again.
+func (a *attempt) resumeFrom(s jetstream.Stream) (canonical.Position, error) {
+	prefix := a.p.cfg.Prefix
+	for {
+		last, ok, err := a.lastMessage(s, prefix+".>")
+		if err != nil || !ok {
+			return a.prev, err
+		}
+		a.seq = max(a.seq, last.Sequence)
+		marker := last.Subject == CommitSubject(prefix)
+		h, err := a.ownHeader(last, marker)
+		if err != nil {
+			return 0, err
+		}
+		a.held = msgKey{h.commit, h.last()}
+		if marker {
+			a.last, a.prev = h.end, h.end
+			return h.end, nil
+		}
+		m, ok, err := a.lastMessage(s, CommitSubject(prefix))
+		if err != nil || !ok {
+			return a.prev, err
+		}
+		if m.Sequence > last.Sequence {
+			continue // the stream grew between the reads
+		}
+		if h, err = a.ownHeader(m, true); err != nil {
+			return 0, err
+		}
 		a.last, a.prev = h.end, h.end
 		return h.end, nil
 	}
-	m, ok, err := a.lastMessage(s, CommitSubject(prefix))
-	if err != nil || !ok {
-		return a.prev, err
-	}
-	if h, err = a.ownHeader(m, true); err != nil {
-		return 0, err
-	}
-	a.last, a.prev = h.end, h.end
-	return h.end, nil
 }
 
 // lastMessage returns the stream's last message on subject, and whether
