@@ -147,6 +147,13 @@
 // messages older than that would be stored twice. Resuming from the
 // stream's own last message is what keeps the Publisher independent of
 // the window, whatever time passes between a crash and the restart.
+// Before it reads where the stream stands, a Publisher waits until the
+// stream has handled every message it sent before (an earlier attempt's,
+// still in the NATS client's buffers or JetStream's queue after a
+// reconnection): it sends an empty message on <prefix>.commit that the
+// stream refuses (it expects a last sequence no stream reaches) and waits
+// for the refusal. The stream never stores it; a core NATS subscriber of
+// <prefix>.commit receives it, and should read the stream instead.
 //
 // Waiting for the acknowledgements at each commit costs a round trip to
 // the stream's leader per transaction: a workload of small transactions is

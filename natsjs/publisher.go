@@ -233,6 +233,12 @@ func (p *Publisher) Run(ctx context.Context, dsn string, opts ...siphon.Option) 
 func (p *Publisher) settled(held canonical.Position, systemID string) canonical.Position {
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.AckWait)
 	defer cancel()
+	// Messages the client is to send again (JetStream did not answer them)
+	// are settled first.
+	select {
+	case <-p.js.PublishAsyncComplete():
+	case <-ctx.Done():
+	}
 	if inStream, err := p.newAttempt(ctx, systemID).resume(); err == nil && inStream > held {
 		return inStream
 	}

@@ -3,8 +3,11 @@ package natsjs
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/siphondb/siphon/canonical"
@@ -32,6 +35,12 @@ func (a *attempt) resume() (canonical.Position, error) {
 	if want := []string{prefix + ".>"}; !slices.Equal(info.Config.Subjects, want) {
 		return 0, &StreamMismatchError{Stream: name, Problem: fmt.Sprintf("it captures %q, not exactly %q", info.Config.Subjects, want)}
 	}
+	if err := a.barrier(); err != nil {
+		return 0, err
+	}
+	if info, err = s.Info(a.ctx); err != nil {
+		return 0, &publishError{op: "read stream " + name, err: err}
+	}
 	a.maxSize = a.p.nc.MaxPayload()
 	if m := int64(info.Config.MaxMsgSize); m > 0 && m < a.maxSize {
 		a.maxSize = m
@@ -42,6 +51,32 @@ func (a *attempt) resume() (canonical.Position, error) {
 		return a.prev, nil
 	}
 	return a.resumeFrom(s)
+}
+
+// barrier returns once the stream has handled every message this client
+// sent it before: an earlier attempt's, still on their way (the NATS
+// client's reconnect buffer, or JetStream's queue, which it empties apart
+// from the requests that read the stream). It sends the stream a message
+// through the same queue that the stream must refuse, expecting a last
+// sequence no stream reaches, and waits for the refusal. Reads after it
+// see those messages: the attempt cuts its transaction into messages
+// where the stream ends, and an earlier attempt's message landing after
+// it, cut elsewhere (the server's largest message changed), would repeat
+// or lose changes.
+func (a *attempt) barrier() error {
+	op := "wait for stream " + a.p.cfg.Stream + " to store what was sent before"
+	h := nats.Header{}
+	h.Set(jetstream.ExpectedLastSeqHeader, strconv.FormatUint(math.MaxUint64, 10))
+	_, err := a.p.js.PublishMsg(a.ctx, &nats.Msg{Subject: CommitSubject(a.p.cfg.Prefix), Header: h})
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil:
+		return &publishError{op: op, err: errors.New("the stream stored a message expecting its last sequence to be 2^64-1")}
+	case errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
+		return nil
+	}
+	return &publishError{op: op, err: err}
 }
 
 // resumeFrom reads the stream's last message and the last commit marker
