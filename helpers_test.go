@@ -4,13 +4,16 @@ package siphon_test
 // statements and what tables hold. A helper only one file uses stays there.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,6 +33,66 @@ import (
 // the race detector may stretch to seconds, never to minutes. Only a hang
 // reaches it.
 const waitDeadline = 3 * time.Minute
+
+// stallDeadline bounds long work that shows its progress (a child process
+// applying a workload, a consumer's many runs), where waitDeadline from
+// the start would bound how fast the machine is: it is reached only when
+// its bound passes with no progress, so only a hang reaches it, however
+// slowly a loaded machine works.
+type stallDeadline struct {
+	bound time.Duration
+	last  atomic.Int64 // UnixNano of the last progress
+}
+
+// newStallDeadline returns a stallDeadline of bound, counting from now.
+func newStallDeadline(bound time.Duration) *stallDeadline {
+	s := &stallDeadline{bound: bound}
+	s.progressed()
+	return s
+}
+
+// progressed records progress.
+func (s *stallDeadline) progressed() { s.last.Store(time.Now().UnixNano()) }
+
+// stalled reports whether the bound has passed since the last progress.
+func (s *stallDeadline) stalled() bool {
+	return time.Since(time.Unix(0, s.last.Load())) > s.bound
+}
+
+// context returns a context cancelled once s has stalled, with the
+// cause saying so.
+func (s *stallDeadline) context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if s.stalled() {
+					cancel(fmt.Errorf("no progress for %v", s.bound))
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// writer returns w, which counts each write as progress.
+func (s *stallDeadline) writer(w io.Writer) io.Writer { return progressWriter{w, s} }
+
+type progressWriter struct {
+	w io.Writer
+	s *stallDeadline
+}
+
+func (p progressWriter) Write(b []byte) (int, error) {
+	p.s.progressed()
+	return p.w.Write(b)
+}
 
 // waitUntil polls cond, with a short backoff, until it holds or
 // waitDeadline has passed, and reports whether it held. It runs cond on
@@ -325,4 +388,22 @@ func loginRole(t *testing.T, dsn string, admin *pgx.Conn, prefix, attributes str
 		assert.NoError(t, err)
 	})
 	return role, strings.Replace(dsn, "postgres@", role+":role-pw-1234@", 1)
+}
+
+// lockedBuffer is a bytes.Buffer that goroutines may write at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -1,7 +1,6 @@
 package siphon_test
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -47,24 +46,32 @@ func childCmd(mode string, env ...string) *exec.Cmd {
 }
 
 // runChild runs the child mode named mode to completion, with env added,
-// and returns its standard output. The test fails if the child fails or has
-// not exited within waitDeadline and a minute (a child bounds its own work
-// by waitDeadline); what names the child in the message.
+// and returns its standard output. The test fails if the child fails, or
+// has written nothing for waitDeadline and a minute (a child bounds its
+// own work by waitDeadline without progress); what names the child in the
+// message.
 func runChild(t *testing.T, what, mode string, env ...string) string {
 	t.Helper()
 	cmd := childCmd(mode, env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	var stdout, stderr lockedBuffer
+	stall := newStallDeadline(waitDeadline + time.Minute)
+	cmd.Stdout, cmd.Stderr = stall.writer(&stdout), stall.writer(&stderr)
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		require.NoError(t, err, "%s\nstderr: %s", what, stderr.String())
-	case <-time.After(waitDeadline + time.Minute):
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("%s did not finish within %v\nstderr: %s", what, waitDeadline+time.Minute, stderr.String())
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-exited:
+			require.NoError(t, err, "%s\nstderr: %s", what, stderr.String())
+			return stdout.String()
+		case <-tick.C:
+			if stall.stalled() {
+				_ = cmd.Process.Kill()
+				<-exited
+				t.Fatalf("%s wrote nothing for %v\nstderr: %s", what, stall.bound, stderr.String())
+			}
+		}
 	}
-	return stdout.String()
 }

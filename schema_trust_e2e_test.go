@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -362,24 +361,6 @@ func TestSchemaTrustE2ESuperuserMigrations(t *testing.T) {
 	require.NoError(t, consumer.Close())
 	assertNoLeaks(t, otherDSN)
 	p.finish(t, target)
-}
-
-// lockedBuffer is a bytes.Buffer that goroutines may write at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestSchemaTrustE2ENestedStatementOfData: a superuser's DO block EXECUTEs
