@@ -381,7 +381,10 @@ func init() { childModes["copy-resume"] = copyResumeChild }
 // checkpoint records (or starts it) in a new snapshot, committing rows and
 // checkpoints together, until the copy is complete.
 func copyResumeChild() error {
-	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
+	// Bounded by waitDeadline without a checkpoint, not in all: under load
+	// the last child copies most of the tables.
+	stall := newStallDeadline(waitDeadline)
+	ctx, cancel := stall.context(context.Background())
 	defer cancel()
 	src, err := siphon.Connect(ctx, os.Getenv(copyChildSource), siphon.WithSlot(os.Getenv(copyChildSlot)),
 		siphon.WithCopySessions(2))
@@ -417,7 +420,10 @@ func copyResumeChild() error {
 	}
 	defer snap.Close(context.Background())
 	fmt.Printf("T %v\n", snap.Position())
-	opt := siphon.CopyOptions{Checkpoint: func(cp *siphon.CopyCheckpoint) error { return l.commit(ctx, cp) }}
+	opt := siphon.CopyOptions{Checkpoint: func(cp *siphon.CopyCheckpoint) error {
+		stall.progressed()
+		return l.commit(ctx, cp)
+	}}
 	if resume != nil {
 		fmt.Printf("F %d\n", l.committed)
 		opt.Resume, opt.Restart = resume, l.restart
@@ -428,7 +434,7 @@ func copyResumeChild() error {
 	fmt.Println("done")
 	if os.Getenv(copyChildHold) == "true" {
 		<-ctx.Done()
-		return errors.New("the copy child waited two minutes to be killed")
+		return fmt.Errorf("the copy child waited %v to be killed", waitDeadline)
 	}
 	return nil
 }
