@@ -257,7 +257,9 @@ func retryable(err error) bool {
 // this prefix ("" means [DefaultPrefix]): the subjects Prefix+".>", file
 // storage, and JetStream's defaults otherwise (a two-minute duplicate
 // window, no limits). Set Replicas, limits and placement on it as needed
-// before creating the stream.
+// before creating the stream. Leave AllowDirect off on a stream of several
+// replicas: a Publisher reads the stream's last messages to resume, and a
+// direct get may be answered by a replica that lags behind the leader.
 func StreamConfig(name, prefix string) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:     name,
