@@ -57,9 +57,13 @@ func TestPublishAndConsumeOnYourServers(t *testing.T) {
 	var pubOut, conOut lockedBuffer
 	done := make(chan error, 2)
 	go func() { done <- publish(runCtx, dsn, ns.ClientURL(), cfg, &pubOut) }()
+	// A new slot is listed before it is consistent, and a transaction that
+	// commits before that point is not decoded: its confirmed position is
+	// set at that point.
 	waitFor(t, "the publisher creates its slot", func() bool {
 		var n int
-		return conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", cfg.slot).Scan(&n) == nil && n == 1
+		return conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL",
+			cfg.slot).Scan(&n) == nil && n == 1
 	})
 	for _, sql := range []string{`INSERT INTO notes VALUES (7)`, `INSERT INTO orders VALUES (42)`} {
 		_, err = conn.Exec(ctx, sql)
