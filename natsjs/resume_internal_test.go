@@ -128,7 +128,7 @@ func TestResumeReadsOneStateOfTheStream(t *testing.T) {
 // what the attempt reads, each time.
 func TestResumeWaitsForMessagesOnTheirWay(t *testing.T) {
 	f := newResumeFixture(t)
-	for i := range 1000 {
+	for i := range 5000 {
 		commit := canonical.Position(0x1000 * (i + 1))
 		f.publishAsync(commit, commit+0x10, 0)
 		a := f.p.newAttempt(context.Background(), resumeSystemID)
