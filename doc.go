@@ -97,6 +97,8 @@
 // apply that meets such a name says so in its error. A search_path the DSN
 // gives (search_path=public, or in its options or PGOPTIONS) is kept: your
 // choice, where only roles you trust may create objects in its schemas.
+// Connect refuses one that names a schema before pg_catalog
+// ([ErrUnsafeSearchPath]).
 //
 // # Slots
 //

@@ -41,12 +41,11 @@ var shadowedEquals = []string{"name, name", "name, text", "text, text", "oid, oi
 // plantShadows makes, as owner (the database's owner, not a superuser),
 // schema evil with a function or operator for each of shadowedBuiltins and
 // shadowedEquals that tries to make owner a superuser and records its
-// call in evil.calls, then returns what the built-in would, and sets the
-// database's search_path to put evil before pg_catalog. Sessions opened
-// from then on resolve unqualified names in evil first.
+// call in evil.calls, then returns what the built-in would. A session
+// whose search_path is hijackingSearchPath resolves unqualified names in
+// evil first.
 func plantShadows(t *testing.T, owner *pgx.Conn, role string) {
 	t.Helper()
-	db := pgx.Identifier{dbName(t, owner)}.Sanitize()
 	execSQL(t, owner, `CREATE SCHEMA evil`,
 		`CREATE TABLE evil.calls (what text, as_role text)`,
 		`GRANT USAGE ON SCHEMA evil TO PUBLIC`,
@@ -80,20 +79,40 @@ func plantShadows(t *testing.T, owner *pgx.Conn, role string) {
 			fmt.Sprintf(`CREATE OPERATOR evil.= (LEFTARG = %s, RIGHTARG = %s, FUNCTION = evil.eq%d)`,
 				strings.Split(types, ", ")[0], strings.Split(types, ", ")[1], i))
 	}
-	execSQL(t, owner, `ALTER DATABASE `+db+` SET search_path = evil, pg_catalog, public`)
 }
 
+// hijackingSearchPath puts plantShadows' schema before pg_catalog.
+const hijackingSearchPath = "evil, pg_catalog, public"
+
 // TestDatabaseOwnerCannotHijackSiphonsSessions: a database's owner, who is
-// not a superuser, puts her schema before pg_catalog in the database's
-// search_path (ALTER DATABASE … SET search_path), with functions and =
-// operators of the names and argument types siphon's queries call. siphon
-// connects as a superuser to the source and to the target (both owned by
-// her kind): every name it uses must resolve in pg_catalog whatever the
-// database's settings, so none of her code runs as the superuser, through
-// Preflight, InstallSchemaCapture, a live Replicate with its snapshot, a
-// schema change, and Detach.
+// not a superuser, plants functions and = operators of the names and
+// argument types siphon's queries call in her schema, and names it in the
+// search_path of siphon's sessions: before pg_catalog through the
+// database's settings (ALTER DATABASE … SET search_path, which siphon's
+// sessions override), or through the DSN siphon was given (one that names
+// the application's schemas, hers among them). Connect refuses a DSN that
+// puts her schema before pg_catalog, and keeps one that does not, where
+// the built-ins come first. siphon connects as a superuser to the source
+// and to the target (both owned by her kind): every name it uses must
+// resolve in pg_catalog, so none of her code runs as the superuser,
+// through Preflight, InstallSchemaCapture, a live Replicate with its
+// snapshot, a schema change, and Detach.
 func TestDatabaseOwnerCannotHijackSiphonsSessions(t *testing.T) {
 	t.Parallel()
+	t.Run("database setting", func(t *testing.T) {
+		t.Parallel()
+		hijackSiphonsSessions(t, false)
+	})
+	t.Run("DSN", func(t *testing.T) {
+		t.Parallel()
+		hijackSiphonsSessions(t, true)
+	})
+}
+
+// hijackSiphonsSessions is TestDatabaseOwnerCannotHijackSiphonsSessions,
+// with her schema in the DSN siphon is given when viaDSN, and in the
+// databases' settings otherwise.
+func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 	ctx := context.Background()
 	srcDSN, srcAdmin := newDatabase(t)
 	tgtDSN, tgtAdmin := newDatabase(t)
@@ -110,15 +129,25 @@ func TestDatabaseOwnerCannotHijackSiphonsSessions(t *testing.T) {
 	}{{srcDSN, srcAdmin}, {tgtDSN, tgtAdmin}} {
 		role, roleDSN := loginRole(t, db.dsn, db.admin, "dbowner", "")
 		roles = append(roles, role)
-		execSQL(t, db.admin, `ALTER DATABASE `+pgx.Identifier{dbName(t, db.admin)}.Sanitize()+` OWNER TO `+role)
+		name := pgx.Identifier{dbName(t, db.admin)}.Sanitize()
+		execSQL(t, db.admin, `ALTER DATABASE `+name+` OWNER TO `+role)
 		owner := connectOrFail(t, roleDSN)
 		plantShadows(t, owner, role)
+		if !viaDSN {
+			execSQL(t, owner, `ALTER DATABASE `+name+` SET search_path = `+hijackingSearchPath)
+		}
 		t.Cleanup(func() {
 			// Before the leak checks connect again (her settings would
 			// hijack their superuser sessions) and her role is dropped.
-			name := pgx.Identifier{dbName(t, db.admin)}.Sanitize()
 			execSQL(t, db.admin, `ALTER DATABASE `+name+` RESET search_path`, `ALTER DATABASE `+name+` OWNER TO CURRENT_USER`)
 		})
+	}
+	if viaDSN {
+		for _, options := range []string{"&search_path=evil,pg_catalog,public", "&options=-c%20search_path%3Devil,pg_catalog"} {
+			_, err := siphon.Connect(ctx, srcDSN+options)
+			assert.ErrorIs(t, err, siphon.ErrUnsafeSearchPath, options)
+		}
+		srcDSN, tgtDSN = srcDSN+"&search_path=evil,public", tgtDSN+"&search_path=evil,public"
 	}
 
 	src, slot := streamConn(t, srcDSN)

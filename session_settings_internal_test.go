@@ -61,6 +61,7 @@ func TestSessionSearchPath(t *testing.T) {
 		"":                                   "pg_catalog, pg_temp",
 		"&search_path=public":                "public",
 		"&options=-c%20search_path%3Dpublic": "public",
+		"&options=--search_path%3Dpublic":    "public",
 	} {
 		c, err := Connect(ctx, dsn+extra)
 		require.NoError(t, err)

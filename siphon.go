@@ -30,7 +30,8 @@ import (
 // could otherwise put her functions and operators before the built-ins,
 // to run as siphon's role. An application_name or search_path the DSN
 // gives (search_path=…, or -c search_path=… in its options or PGOPTIONS)
-// is the user's own choice and is kept.
+// is the user's own choice and is kept, provided that it searches
+// pg_catalog first (see [ErrUnsafeSearchPath]).
 var sessionSettings = map[string]string{
 	"search_path":        "pg_catalog, pg_temp",
 	"DateStyle":          "ISO, MDY",
@@ -95,13 +96,15 @@ type Conn struct {
 // PostgreSQL URL or keyword/value string) and checks that the server can
 // serve siphon. It returns an [*OptionError] for an invalid option, an
 // error wrapping [ErrInvalidDSN] that says which part of the DSN is wrong
-// (never quoting a password) for a DSN that does not parse, and a
-// [*PreflightError] for what nothing can work without: a database that is
-// not UTF8, a table [WithTables] names that does not exist, and, for a
-// Conn given a source option ([WithSlot], [WithPublication], [WithTables],
-// [WithKeylessTables]), a server whose wal_level is not logical (a Conn
-// without one, which may only apply changes, gets that error from its
-// first operation that reads changes). [Conn.Preflight] checks the rest.
+// (never quoting a password) for a DSN that does not parse, one wrapping
+// [ErrUnsafeSearchPath] for a DSN whose search_path names a schema before
+// pg_catalog, and a [*PreflightError] for what nothing can work without: a
+// database that is not UTF8, a table [WithTables] names that does not
+// exist, and, for a Conn given a source option ([WithSlot],
+// [WithPublication], [WithTables], [WithKeylessTables]), a server whose
+// wal_level is not logical (a Conn without one, which may only apply
+// changes, gets that error from its first operation that reads changes).
+// [Conn.Preflight] checks the rest.
 func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -118,10 +121,17 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 		return nil, errorf("siphon: %w: %s", ErrInvalidDSN, dsnpkg.Problem(dsn))
 	}
 	params := poolConfig.ConnConfig.RuntimeParams
+	searchPaths := dsnpkg.SearchPaths(params)
+	for _, path := range searchPaths {
+		if !dsnpkg.CatalogFirst(path) {
+			return nil, errorf("siphon: %w: the DSN sets search_path = %s: name pg_catalog first, or leave it out "+
+				"(the server then searches it first)", ErrUnsafeSearchPath, path)
+		}
+	}
 	for name, value := range sessionSettings {
 		_, set := params[name]
 		switch {
-		case set && name == "application_name", name == "search_path" && (set || strings.Contains(params["options"], "search_path")):
+		case set && name == "application_name", name == "search_path" && len(searchPaths) > 0:
 			continue // the user's own wins (a search_path in options or PGOPTIONS too)
 		}
 		params[name] = value

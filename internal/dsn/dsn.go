@@ -1,5 +1,6 @@
 // Package dsn says what is wrong with a PostgreSQL connection string that
-// does not parse, without ever quoting a part that may hold a password.
+// does not parse, without ever quoting a part that may hold a password, and
+// reads the search_path a connection string gives its sessions.
 package dsn
 
 import (
