@@ -91,8 +91,8 @@ const hijackingSearchPath = "evil, pg_catalog, public"
 // database's settings (ALTER DATABASE … SET search_path, which siphon's
 // sessions override), or through the DSN siphon was given (one that names
 // the application's schemas, hers among them). Connect refuses a DSN that
-// puts her schema before pg_catalog, and keeps one that does not, where
-// the built-ins come first. siphon connects as a superuser to the source
+// puts her schema before pg_catalog, however it spells the setting, and
+// keeps one that does not, where the built-ins come first. siphon connects as a superuser to the source
 // and to the target (both owned by her kind): every name it uses must
 // resolve in pg_catalog, so none of her code runs as the superuser,
 // through Preflight, InstallSchemaCapture, a live Replicate with its
@@ -143,9 +143,18 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 		})
 	}
 	if viaDSN {
-		for _, options := range []string{"&search_path=evil,pg_catalog,public", "&options=-c%20search_path%3Devil,pg_catalog"} {
-			_, err := siphon.Connect(ctx, srcDSN+options)
+		for _, options := range []string{
+			"&search_path=evil,pg_catalog,public",
+			"&options=-c%20search_path%3Devil,pg_catalog",
+			"&SEARCH_PATH=evil,pg_catalog",
+			"&options=-c%20search_path%3Dpublic&SEARCH_PATH=evil,pg_catalog",
+			"&options=-c%20search_path%3Dpublic%20-nc%20search_path%3Devil,pg_catalog",
+		} {
+			c, err := siphon.Connect(ctx, srcDSN+options)
 			assert.ErrorIs(t, err, siphon.ErrUnsafeSearchPath, options)
+			if err == nil {
+				c.Close()
+			}
 		}
 		srcDSN, tgtDSN = srcDSN+"&search_path=evil,public", tgtDSN+"&search_path=evil,public"
 	}

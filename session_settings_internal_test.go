@@ -47,7 +47,8 @@ func TestExplainSearchPath(t *testing.T) {
 
 // TestSessionSearchPath: siphon's sessions, replication sessions included,
 // run with search_path = pg_catalog, pg_temp, whatever the database sets,
-// unless the DSN gives one (as a parameter, or in its options).
+// unless the DSN gives one (as a parameter in any case, or in its
+// options), and with siphon's DateStyle whatever the DSN says.
 func TestSessionSearchPath(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -62,12 +63,16 @@ func TestSessionSearchPath(t *testing.T) {
 		"&search_path=public":                "public",
 		"&options=-c%20search_path%3Dpublic": "public",
 		"&options=--search_path%3Dpublic":    "public",
+		"&SEARCH_PATH=public":                "public",
+		"&DATESTYLE=German":                  "pg_catalog, pg_temp",
 	} {
 		c, err := Connect(ctx, dsn+extra)
 		require.NoError(t, err)
-		var got string
+		var got, dateStyle string
 		require.NoError(t, c.pool.QueryRow(ctx, "SHOW search_path").Scan(&got))
 		assert.Equal(t, want, got, "a session of %q", extra)
+		require.NoError(t, c.pool.QueryRow(ctx, "SHOW DateStyle").Scan(&dateStyle))
+		assert.Equal(t, "ISO, MDY", dateStyle, "a session of %q: siphon's DateStyle, in any spelling of the DSN's", extra)
 		repl, err := c.newReplicationSession(ctx, nil)
 		require.NoError(t, err)
 		res, err := repl.Exec(ctx, "SHOW search_path").ReadAll()

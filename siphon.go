@@ -2,15 +2,12 @@ package siphon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 
-	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,50 +15,8 @@ import (
 	"github.com/siphondb/siphon/canonical"
 	dsnpkg "github.com/siphondb/siphon/internal/dsn"
 	"github.com/siphondb/siphon/internal/fkgraph"
-	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/sqltext"
 )
-
-// sessionSettings are set on every session siphon opens, replication
-// sessions included, so output functions print values the same way, and
-// every name siphon's SQL does not qualify resolves in pg_catalog (then
-// the session's own temporary objects), as in PostgreSQL's own apply
-// workers: a search_path the database's owner sets (ALTER DATABASE … SET)
-// could otherwise put her functions and operators before the built-ins,
-// to run as siphon's role. An application_name or search_path the DSN
-// gives (search_path=…, or -c search_path=… in its options or PGOPTIONS)
-// is the user's own choice and is kept, provided that it searches
-// pg_catalog first (see [ErrUnsafeSearchPath]).
-var sessionSettings = map[string]string{
-	"search_path":        "pg_catalog, pg_temp",
-	"DateStyle":          "ISO, MDY",
-	"TimeZone":           "UTC",
-	"IntervalStyle":      "postgres",
-	"extra_float_digits": "3",
-	"bytea_output":       "hex",
-	"lc_monetary":        "C",
-	"application_name":   "siphon",
-}
-
-// explainSearchPath returns err, when the target's own code (a trigger's
-// function, a constraint's) did not find a name, with what to do about it:
-// that code runs under siphon's search_path. It returns err otherwise. It
-// names the function from the error's context, never more of the context:
-// the lines after it (a COPY's) may quote the row.
-func explainSearchPath(err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || !pgerr.Is(err, pgerrcode.UndefinedTable, pgerrcode.UndefinedFunction, pgerrcode.UndefinedObject) {
-		return err
-	}
-	where, _, _ := strings.Cut(pgErr.Where, "\n")
-	if !strings.HasPrefix(where, "PL/pgSQL function ") && !strings.HasPrefix(where, "SQL function ") {
-		return err
-	}
-	return fmt.Errorf("%w: the target's own code (%s) did not find it, and siphon's sessions run with search_path = %s "+
-		"(PostgreSQL's own apply workers run with an empty one): where that code names it without its schema, name the schema "+
-		"or give the function SET search_path; a search_path in the target's DSN (search_path=public) serves too, "+
-		"where only roles you trust may create objects in its schemas", err, where, sessionSettings["search_path"])
-}
 
 // Conn is a connection to one PostgreSQL database. It is safe for
 // concurrent use; each operation takes the sessions it needs.
@@ -120,22 +75,7 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 		// part is wrong in words that quote no secret.
 		return nil, errorf("siphon: %w: %s", ErrInvalidDSN, dsnpkg.Problem(dsn))
 	}
-	params := poolConfig.ConnConfig.RuntimeParams
-	searchPaths := dsnpkg.SearchPaths(params)
-	for _, path := range searchPaths {
-		if !dsnpkg.CatalogFirst(path) {
-			return nil, errorf("siphon: %w: the DSN sets search_path = %s: name pg_catalog first, or leave it out "+
-				"(the server then searches it first)", ErrUnsafeSearchPath, path)
-		}
-	}
-	for name, value := range sessionSettings {
-		_, set := params[name]
-		switch {
-		case set && name == "application_name", name == "search_path" && len(searchPaths) > 0:
-			continue // the user's own wins (a search_path in options or PGOPTIONS too)
-		}
-		params[name] = value
-	}
+	setSessionSettings(&poolConfig.ConnConfig.Config)
 	poolConfig.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, poolConfig)
 	if err != nil {

@@ -1,31 +1,16 @@
 package dsn
 
-import (
-	"strings"
-	"unicode"
-)
+import "strings"
 
 // SearchPaths returns the search_path settings a session started with the
 // runtime parameters params receives from its startup packet: each one of
-// the options parameter (-c search_path=…, -csearch_path=…,
-// --search_path=…, read as the server reads them), then the search_path
-// parameter. None when neither sets it.
+// the options parameter (-c search_path=…, --search_path=…), then the
+// search_path parameter. None when neither sets it. It decides whether
+// the user chose a search_path; what the server made of it is the
+// server's to say (current_schemas).
 func SearchPaths(params map[string]string) []string {
 	var paths []string
-	words := splitOptions(params["options"])
-	for i := 0; i < len(words); i++ {
-		var setting string
-		switch w := words[i]; {
-		case w == "-c" && i+1 < len(words):
-			i++
-			setting = words[i]
-		case strings.HasPrefix(w, "-c"):
-			setting = w[2:]
-		case strings.HasPrefix(w, "--"):
-			setting = w[2:]
-		default:
-			continue
-		}
+	for _, setting := range optionSettings(params["options"]) {
 		name, value, ok := strings.Cut(setting, "=")
 		if ok && strings.EqualFold(strings.ReplaceAll(name, "-", "_"), "search_path") {
 			paths = append(paths, value)
@@ -37,28 +22,67 @@ func SearchPaths(params map[string]string) []string {
 	return paths
 }
 
+// serverFlagsWithArgument are the server's command-line flags that take an
+// argument, from the getopt string of process_startup_options
+// ("B:bC:c:D:d:EeFf:h:ijk:lN:nOPp:r:S:sTt:v:W:-:"); every other letter is
+// a flag alone.
+const serverFlagsWithArgument = "BCcDdfhkNprStvW-"
+
+// optionSettings returns the name=value settings an options parameter
+// makes, read as the server reads it: words split as pg_split_opts splits
+// them, then getopt over them, where flags may be grouped (-nc name=value)
+// and a flag's argument is the rest of its word or the next word; -c and
+// - (--name=value) give settings.
+func optionSettings(options string) []string {
+	var settings []string
+	words := splitOptions(options)
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		if w == "--" || len(w) < 2 || w[0] != '-' {
+			return settings // getopt stops here; the server refuses what follows
+		}
+		for j := 1; j < len(w); j++ {
+			flag := w[j]
+			if strings.IndexByte(serverFlagsWithArgument, flag) < 0 {
+				continue
+			}
+			arg := w[j+1:]
+			if arg == "" && i+1 < len(words) {
+				i++
+				arg = words[i]
+			}
+			if flag == 'c' || flag == '-' {
+				settings = append(settings, arg)
+			}
+			break
+		}
+	}
+	return settings
+}
+
 // splitOptions splits an options parameter into words as the server does
-// (pg_split_opts): whitespace separates them, a backslash takes the next
-// character as it is.
+// (pg_split_opts): ASCII whitespace separates them, a backslash takes the
+// next byte as it is.
 func splitOptions(options string) []string {
 	var words []string
 	var word strings.Builder
 	inWord, escaped := false, false
-	for _, r := range options {
+	for i := 0; i < len(options); i++ {
+		c := options[i]
 		switch {
 		case escaped:
-			word.WriteRune(r)
+			word.WriteByte(c)
 			escaped = false
-		case r == '\\':
+		case c == '\\':
 			inWord, escaped = true, true
-		case unicode.IsSpace(r):
+		case strings.IndexByte(" \t\n\v\f\r", c) >= 0:
 			if inWord {
 				words = append(words, word.String())
 				word.Reset()
 				inWord = false
 			}
 		default:
-			word.WriteRune(r)
+			word.WriteByte(c)
 			inWord = true
 		}
 	}
@@ -66,65 +90,4 @@ func splitOptions(options string) []string {
 		words = append(words, word.String())
 	}
 	return words
-}
-
-// CatalogFirst reports whether a session whose search_path is searchPath
-// resolves names in pg_catalog before any other schema: pg_catalog is its
-// first schema, or it does not name pg_catalog (the server then searches
-// pg_catalog first).
-func CatalogFirst(searchPath string) bool {
-	schemas := schemaNames(searchPath)
-	for i, s := range schemas {
-		if s == "pg_catalog" {
-			return i == 0
-		}
-	}
-	return true
-}
-
-// schemaNames splits a search_path into its schema names as the server
-// does (SplitIdentifierString): comma-separated, each double-quoted (""
-// stands for ") or with its ASCII letters folded to lower case, with the
-// spaces around it trimmed.
-func schemaNames(searchPath string) []string {
-	var names []string
-	rest := strings.TrimSpace(searchPath)
-	for rest != "" {
-		var name string
-		if strings.HasPrefix(rest, `"`) {
-			var b strings.Builder
-			i := 1
-			for i < len(rest) {
-				if rest[i] == '"' {
-					if i+1 < len(rest) && rest[i+1] == '"' {
-						b.WriteByte('"')
-						i += 2
-						continue
-					}
-					break
-				}
-				b.WriteByte(rest[i])
-				i++
-			}
-			name, rest = b.String(), rest[min(i+1, len(rest)):]
-			_, rest, _ = strings.Cut(rest, ",")
-		} else {
-			name, rest, _ = strings.Cut(rest, ",")
-			name = foldASCII(strings.TrimSpace(name))
-		}
-		names = append(names, name)
-		rest = strings.TrimSpace(rest)
-	}
-	return names
-}
-
-// foldASCII folds the ASCII letters of s to lower case, as the server
-// folds an unquoted identifier in a UTF-8 database.
-func foldASCII(s string) string {
-	return strings.Map(func(r rune) rune {
-		if 'A' <= r && r <= 'Z' {
-			return r + 'a' - 'A'
-		}
-		return r
-	}, s)
 }
