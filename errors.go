@@ -298,13 +298,14 @@ var (
 	// ErrSlotInUse means a replication slot is active in another session.
 	ErrSlotInUse = errors.New("siphon: replication slot is in use")
 	// ErrUnsafeSearchPath is matched by the error of Connect, or of any
-	// session siphon opens later, when the server says the session's
-	// search_path (the DSN's, or PGOPTIONS') finds a schema before
-	// pg_catalog: the functions and operators that schema's owner puts
-	// there would run in siphon's sessions, as siphon's role, in place of
-	// the built-ins siphon's statements call (the target's apply compares
-	// keys with operators the search_path finds). The session is closed
-	// before siphon runs anything else in it.
+	// session siphon opens later, when the session's search_path (the
+	// DSN's, or PGOPTIONS'), as the server holds it, names a schema
+	// before pg_catalog, existing or not: the functions and operators
+	// that schema's owner puts there would run in siphon's sessions, as
+	// siphon's role, in place of the built-ins siphon's statements call
+	// (the target's apply compares keys with operators the search_path
+	// finds). The session is closed before siphon runs anything else in
+	// it.
 	ErrUnsafeSearchPath = errors.New("siphon: the session's search_path puts a schema before pg_catalog")
 )
 

@@ -149,6 +149,9 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 			"&SEARCH_PATH=evil,pg_catalog",
 			"&options=-c%20search_path%3Dpublic&SEARCH_PATH=evil,pg_catalog",
 			"&options=-c%20search_path%3Dpublic%20-nc%20search_path%3Devil,pg_catalog",
+			// Her schema app does not exist yet: she can create it while
+			// siphon's sessions last.
+			"&search_path=app,pg_catalog",
 		} {
 			c, err := siphon.Connect(ctx, srcDSN+options)
 			assert.ErrorIs(t, err, siphon.ErrUnsafeSearchPath, options)

@@ -64,21 +64,23 @@ func setSessionSettings(config *pgconn.Config) {
 	config.AfterConnect = requireCatalogFirst
 }
 
-// requireCatalogFirst fails a session that would resolve names in another
-// schema before pg_catalog. It asks the server, which alone knows what the
-// startup packet's settings (a DSN's, PGOPTIONS', in whatever spelling)
-// made of the search_path.
+// requireCatalogFirst fails a session whose search_path setting names a
+// schema before pg_catalog (see [dsnpkg.CatalogFirst]). It reads the
+// setting from the server, which alone knows what the startup packet's
+// settings (a DSN's, PGOPTIONS', in whatever spelling) made of it, and
+// checks its text, not the schemas that exist: one named before
+// pg_catalog could be created while the session lasts.
 func requireCatalogFirst(ctx context.Context, conn *pgconn.PgConn) error {
-	res, err := conn.Exec(ctx, "SELECT (pg_catalog.current_schemas(true))[1]").ReadAll()
+	res, err := conn.Exec(ctx, "SELECT pg_catalog.current_setting('search_path')").ReadAll()
 	if err != nil {
 		return fmt.Errorf("siphon: read the session's search_path: %w", err)
 	}
 	if len(res) != 1 || len(res[0].Rows) != 1 {
 		return errors.New("siphon: read the session's search_path: the server returned no row")
 	}
-	if first := string(res[0].Rows[0][0]); first != "pg_catalog" {
-		return fmt.Errorf("%w: it finds schema %q first: name pg_catalog first in it, or leave pg_catalog out "+
-			"(the server then searches it first)", ErrUnsafeSearchPath, first)
+	if path := string(res[0].Rows[0][0]); !dsnpkg.CatalogFirst(path) {
+		return fmt.Errorf("%w: search_path = %s: name pg_catalog first in it, or leave pg_catalog out "+
+			"(the server then searches it first)", ErrUnsafeSearchPath, path)
 	}
 	return nil
 }

@@ -91,3 +91,71 @@ func splitOptions(options string) []string {
 	}
 	return words
 }
+
+// CatalogFirst reports whether a session whose search_path setting is
+// searchPath (as the server holds it) resolves names in pg_catalog before
+// any other schema, now and after any schema is created: pg_catalog is
+// the first name in it, or it does not name pg_catalog (the server then
+// searches pg_catalog first). A name before pg_catalog counts whether its
+// schema exists or not ("$user" included): a role may create it later.
+func CatalogFirst(searchPath string) bool {
+	for i, name := range schemaNames(searchPath) {
+		if name == "pg_catalog" {
+			return i == 0
+		}
+	}
+	return true
+}
+
+// schemaNames splits a valid search_path setting into its names as the
+// server does (SplitIdentifierString): separated by commas, each either
+// double-quoted ("" stands for ") or ending at a comma or whitespace, with
+// its ASCII letters folded to lower case; whitespace is the lexer's
+// (scanner_isspace), around names only.
+func schemaNames(searchPath string) []string {
+	var names []string
+	rest := trimScannerSpace(searchPath)
+	for rest != "" {
+		var name strings.Builder
+		if rest[0] == '"' {
+			i := 1
+			for i < len(rest) && (rest[i] != '"' || i+1 < len(rest) && rest[i+1] == '"') {
+				if rest[i] == '"' {
+					i++ // the first of a pair
+				}
+				name.WriteByte(rest[i])
+				i++
+			}
+			rest = rest[min(i+1, len(rest)):]
+		} else {
+			i := 0
+			for i < len(rest) && rest[i] != ',' && !scannerSpace(rest[i]) {
+				c := rest[i]
+				if 'A' <= c && c <= 'Z' {
+					c += 'a' - 'A'
+				}
+				name.WriteByte(c)
+				i++
+			}
+			rest = rest[i:]
+		}
+		names = append(names, name.String())
+		rest = trimScannerSpace(rest)
+		rest = trimScannerSpace(strings.TrimPrefix(rest, ","))
+	}
+	return names
+}
+
+// scannerSpace is the server lexer's whitespace (scanner_isspace).
+func scannerSpace(c byte) bool { return strings.IndexByte(" \t\n\r\f\v", c) >= 0 }
+
+// trimScannerSpace trims the lexer's whitespace from both ends of s.
+func trimScannerSpace(s string) string {
+	for s != "" && scannerSpace(s[0]) {
+		s = s[1:]
+	}
+	for s != "" && scannerSpace(s[len(s)-1]) {
+		s = s[:len(s)-1]
+	}
+	return s
+}

@@ -41,3 +41,29 @@ func TestSearchPathsReadsOptionsAsTheServerDoes(t *testing.T) {
 		assert.Equal(t, c.want, SearchPaths(c.params), "%q", c.params)
 	}
 }
+
+// TestCatalogFirst: pg_catalog comes first, or is not named; any name
+// before it, of a schema that exists or not, fails.
+func TestCatalogFirst(t *testing.T) {
+	for path, want := range map[string]bool{
+		"":                             true,
+		"app":                          true,
+		`"$user", public`:              true,
+		"pg_catalog, pg_temp":          true,
+		" PG_Catalog ,app":             true,
+		`"pg_catalog", app`:            true,
+		"\tpg_catalog\n,\fapp":         true,
+		`"PG_CATALOG", app`:            true, // another schema: pg_catalog is searched first
+		"app, pg_catalog":              false,
+		"app,PG_CATALOG":               false,
+		`"$user", pg_catalog`:          false,
+		"pg_temp, pg_catalog":          false,
+		`"a,b", pg_catalog`:            false,
+		`"a""b", pg_catalog`:           false,
+		`"pg_""catalog", pg_catalog`:   false,
+		"app, \"pg_catalog\", x":       false,
+		"\u00a0pg_catalog, pg_catalog": false, // U+00A0 is part of the first name
+	} {
+		assert.Equal(t, want, CatalogFirst(path), "%q", path)
+	}
+}
