@@ -98,7 +98,13 @@ func splitOptions(options string) []string {
 // the first name in it, or it does not name pg_catalog (the server then
 // searches pg_catalog first). A name before pg_catalog counts whether its
 // schema exists or not ("$user" included): a role may create it later.
+// A vertical tab anywhere fails too, rather than follow each release's
+// lexer on whether it separates names (newer ones count it as
+// whitespace, older ones as part of a name).
 func CatalogFirst(searchPath string) bool {
+	if strings.IndexByte(searchPath, '\v') >= 0 {
+		return false
+	}
 	for i, name := range schemaNames(searchPath) {
 		if name == "pg_catalog" {
 			return i == 0
@@ -111,7 +117,7 @@ func CatalogFirst(searchPath string) bool {
 // server does (SplitIdentifierString): separated by commas, each either
 // double-quoted ("" stands for ") or ending at a comma or whitespace, with
 // its ASCII letters folded to lower case; whitespace is the lexer's
-// (scanner_isspace), around names only.
+// (scannerSpace), around names only.
 func schemaNames(searchPath string) []string {
 	var names []string
 	rest := trimScannerSpace(searchPath)
@@ -146,8 +152,9 @@ func schemaNames(searchPath string) []string {
 	return names
 }
 
-// scannerSpace is the server lexer's whitespace (scanner_isspace).
-func scannerSpace(c byte) bool { return strings.IndexByte(" \t\n\r\f\v", c) >= 0 }
+// scannerSpace is the server lexer's whitespace (scanner_isspace), but
+// for the vertical tab CatalogFirst refuses.
+func scannerSpace(c byte) bool { return strings.IndexByte(" \t\n\r\f", c) >= 0 }
 
 // trimScannerSpace trims the lexer's whitespace from both ends of s.
 func trimScannerSpace(s string) string {

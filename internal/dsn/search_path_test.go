@@ -62,6 +62,8 @@ func TestCatalogFirst(t *testing.T) {
 		`"a""b", pg_catalog`:           false,
 		`"pg_""catalog", pg_catalog`:   false,
 		"app, \"pg_catalog\", x":       false,
+		"\vpg_catalog, pg_catalog":     false, // a name to an older lexer
+		"pg_catalog,\vapp":             false,
 		"\u00a0pg_catalog, pg_catalog": false, // U+00A0 is part of the first name
 	} {
 		assert.Equal(t, want, CatalogFirst(path), "%q", path)
