@@ -63,7 +63,7 @@ func (c *Conn) runSchemaChange(ctx context.Context, s ddlSession, pos canonical.
 }
 
 // setSearchPathSQL sets the search_path for the rest of the transaction.
-const setSearchPathSQL = "SELECT set_config('search_path', $1, true)"
+const setSearchPathSQL = "SELECT pg_catalog.set_config('search_path', $1, true)"
 
 // runDDL runs d's statement in the session's open transaction, then puts
 // the session's role and search_path back.

@@ -116,7 +116,7 @@ const identitySQL = `SELECT current_setting('role'), coalesce((
 
 // setRoleSQL sets the role for the rest of the transaction (SET LOCAL
 // ROLE), the role's name bound as a parameter.
-const setRoleSQL = "SELECT set_config('role', $1, true)"
+const setRoleSQL = "SELECT pg_catalog.set_config('role', $1, true)"
 
 // ddlRole is how a schema change takes its source role's identity.
 type ddlRole struct {
@@ -165,17 +165,21 @@ func (c *Conn) noteIdentity(role, why string) {
 // ddlSteps are the statements that run d's statement under path and id in
 // an open (or pipelined implicit) transaction, putting the session's
 // role and search_path back after it, so that what the apply runs next
-// (row changes, the applied Position) runs as the applying role.
+// (row changes, the applied Position) runs as the applying role. Only the
+// statement itself runs under the source's search_path, which may name
+// schemas of roles the applying role must not run the code of: the role
+// is set before it and put back after the search_path is.
 func ddlSteps(d *canonical.DDL, id ddlRole) []ddlStep {
-	steps := []ddlStep{{setSearchPathSQL, [][]byte{[]byte(d.SearchPath)}}}
+	var steps []ddlStep
 	if id.role != "" {
 		steps = append(steps, ddlStep{setRoleSQL, [][]byte{[]byte(id.role)}})
 	}
-	steps = append(steps, ddlStep{d.Statement, nil})
+	steps = append(steps, ddlStep{setSearchPathSQL, [][]byte{[]byte(d.SearchPath)}}, ddlStep{d.Statement, nil},
+		ddlStep{"RESET search_path", nil})
 	if id.role != "" {
 		steps = append(steps, ddlStep{setRoleSQL, [][]byte{[]byte(id.back)}})
 	}
-	return append(steps, ddlStep{"RESET search_path", nil})
+	return steps
 }
 
 // ddlStep is one statement of ddlSteps.

@@ -729,7 +729,7 @@ func shortStatement(s string) string {
 // succeed: network errors, a server shutting down or terminating the
 // walsender, connection failures.
 func isInterruption(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnsafeSearchPath) {
 		return false
 	}
 	if pgerr.Code(err) != "" {

@@ -1,6 +1,7 @@
 package siphon_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
 )
 
 // shadowedBuiltins are built-in functions siphon's queries call, each as
@@ -152,9 +154,13 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 			// Her schema app does not exist yet: she can create it while
 			// siphon's sessions last.
 			"&search_path=app,pg_catalog",
+			// pgx's check of the server's role runs pg_is_in_recovery(),
+			// hers here, unless the search_path is checked first.
+			"&search_path=evil,pg_catalog&target_session_attrs=primary",
 		} {
 			c, err := siphon.Connect(ctx, srcDSN+options)
 			assert.ErrorIs(t, err, siphon.ErrUnsafeSearchPath, options)
+			assert.False(t, siphon.Retryable(err), "a refused search_path is not retried: %s", options)
 			if err == nil {
 				c.Close()
 			}
@@ -219,4 +225,46 @@ func TestPreflightNamesTablesOfOtherOwners(t *testing.T) {
 	assert.Contains(t, ch.Fix, "apply into them as their owner")
 	execSQL(t, admin, `ALTER TABLE accounts OWNER TO CURRENT_USER`, `ALTER TABLE "Ledger Lines" OWNER TO CURRENT_USER`)
 	assert.Equal(t, siphon.CheckOK, owners().Status)
+}
+
+// TestSchemaChangeReplayRunsOnlyItsStatementUnderTheSourcesSearchPath: a
+// schema change made on a source whose database's owner put her schema
+// first in the search_path is recorded with that search_path, which the
+// target sets for the statement. On a target where she planted the same
+// functions (set_config among them), only the statement runs under it:
+// siphon's own statements around it (taking the source role, putting it
+// back) call the built-ins, through ConsumeCanonical and ApplyChange.
+func TestSchemaChangeReplayRunsOnlyItsStatementUnderTheSourcesSearchPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, "CREATE TABLE public.accounts (id int PRIMARY KEY, owner text)")
+	role, roleDSN := loginRole(t, dsn, admin, "dbowner", "")
+	name := pgx.Identifier{dbName(t, admin)}.Sanitize()
+	execSQL(t, admin, `ALTER DATABASE `+name+` OWNER TO `+role)
+	t.Cleanup(func() { execSQL(t, admin, `ALTER DATABASE `+name+` OWNER TO CURRENT_USER`) })
+	plantShadows(t, connectOrFail(t, roleDSN), role)
+	var superuser string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT current_user").Scan(&superuser))
+	ddl := func(table string) canonical.Change {
+		return canonical.Change{Op: canonical.OpDDL, DDL: &canonical.DDL{Tag: "CREATE TABLE",
+			Statement: "CREATE TABLE public." + table + " (id int)", SearchPath: `"evil", "pg_catalog", "public"`,
+			Role: superuser, SessionRole: superuser, Superuser: true}}
+	}
+	accounts := canonical.Table{Schema: "public", Name: "accounts",
+		Columns:    []canonical.Column{{Name: "id", Type: "integer", TypeOID: 23}, {Name: "owner", Type: "text", TypeOID: 25, Nullable: true}},
+		PrimaryKey: []string{"id"}, IdentityKey: []string{"id"}, ReplicaIdentity: canonical.IdentityDefault}
+
+	c := connect(t, dsn)
+	s := newStream(t, canonical.KindChanges, 0x1000, streamSlot(t), accounts)
+	s.tx(ins(accounts.TableName(), tv("1"), tv("ann")), ddl("made_by_consume"))
+	require.NoError(t, c.ConsumeCanonicalWith(ctx, siphon.ApplyOptions{UnauthenticatedSchemaChanges: true}, bytes.NewReader(s.done())))
+	pooled := ddl("made_by_apply_change")
+	pooled.Position = 0x9000
+	require.NoError(t, c.ApplyChange(ctx, pooled))
+
+	assert.Equal(t, 2, count(t, admin, "SELECT count(*) FROM pg_tables WHERE tablename IN ('made_by_consume', 'made_by_apply_change')"))
+	assert.False(t, isSuperuser(t, admin, role), "the database owner did not become a superuser")
+	assert.Equal(t, [][]*string(nil), rawRows(t, admin, `SELECT what, as_role FROM evil.calls GROUP BY 1, 2 ORDER BY 1, 2`),
+		"none of her functions ran in siphon's sessions")
 }

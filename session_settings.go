@@ -35,7 +35,9 @@ var sessionSettings = map[string]string{
 }
 
 // setSessionSettings gives config, parsed from a user's DSN, siphon's
-// session settings, and makes each session it opens check its search_path.
+// session settings, and makes each session it opens check its search_path
+// before anything else runs in it (the query of the DSN's
+// target_session_attrs included).
 // A setting the DSN spells in another case (DATESTYLE=…) is the server's
 // same setting, sent twice in an order no one chose: it takes the
 // setting's own spelling, so that siphon's value replaces it (or, for the
@@ -61,7 +63,16 @@ func setSessionSettings(config *pgconn.Config) {
 		}
 		params[name] = value
 	}
-	config.AfterConnect = requireCatalogFirst
+	validate := config.ValidateConnect // target_session_attrs' query, when the DSN sets it
+	config.ValidateConnect = func(ctx context.Context, conn *pgconn.PgConn) error {
+		if err := requireCatalogFirst(ctx, conn); err != nil {
+			return err
+		}
+		if validate != nil {
+			return validate(ctx, conn)
+		}
+		return nil
+	}
 }
 
 // requireCatalogFirst fails a session whose search_path setting names a
@@ -79,7 +90,7 @@ func requireCatalogFirst(ctx context.Context, conn *pgconn.PgConn) error {
 		return errors.New("siphon: read the session's search_path: the server returned no row")
 	}
 	if path := string(res[0].Rows[0][0]); !dsnpkg.CatalogFirst(path) {
-		return fmt.Errorf("%w: search_path = %s: name pg_catalog first in it, or leave pg_catalog out "+
+		return fmt.Errorf("%w: search_path = %q: name pg_catalog first in it, or leave pg_catalog out "+
 			"(the server then searches it first)", ErrUnsafeSearchPath, path)
 	}
 	return nil
