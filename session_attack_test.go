@@ -177,6 +177,9 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 	require.NoError(t, err)
 	defer target.Close()
 	run := startReplicate(t, src, target, siphon.ReplicateOptions{Snapshot: true})
+	// Once the snapshot is loaded, the schema change comes through the
+	// stream and is replayed (before, the snapshot carried it).
+	waitApplied(t, target, systemIdentifier(t, srcAdmin), slot, 1, run)
 	execSQL(t, srcAdmin, `ALTER TABLE accounts ADD COLUMN note text`,
 		`INSERT INTO accounts VALUES (101, 'late', 1, 'after the snapshot')`,
 		`UPDATE ledger SET amount = amount + 1 WHERE account = 7`)
