@@ -22,8 +22,6 @@ const demoRows = 300
 // writes: the first run is stopped part way, the second resumes from the
 // files, and the files end up holding every row exactly once.
 func demo(ctx context.Context, cfg config, out io.Writer) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
 	srv, err := siphontest.Launch(ctx)
 	if err != nil {
 		return fmt.Errorf("start an embedded PostgreSQL (or set SIPHON_DSN): %w", err)

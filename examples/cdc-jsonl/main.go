@@ -47,7 +47,12 @@ func main() {
 	if dsn := os.Getenv("SIPHON_DSN"); dsn != "" {
 		err = capture(ctx, dsn, cfg, os.Stdout)
 	} else {
-		err = demo(ctx, cfg, os.Stdout)
+		// The demo takes seconds; this bounds it on a slow machine. Its
+		// test calls demo without it: the test binary's timeout bounds a
+		// hang there, and a busy machine is no hang.
+		demoCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		err = demo(demoCtx, cfg, os.Stdout)
+		cancel()
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cdc-jsonl:", err)

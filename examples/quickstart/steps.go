@@ -24,7 +24,7 @@ func (t *tour) stream(ctx context.Context) error {
 	if err := enc.WriteHeader(header); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithCancel(ctx) // the tour's deadline bounds the wait
 	defer cancel()
 	commits, changes, last := 0, 0, t.snapshotAt
 	_, err = t.c.StreamChanges(ctx, t.snapshotAt, func(ch canonical.Change) error {

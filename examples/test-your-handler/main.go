@@ -128,8 +128,8 @@ func streamWorkload(ctx context.Context, c *siphon.Conn, conn *pgx.Conn, from ca
 	}
 	// StreamChanges runs until its ctx is cancelled: the handler cancels
 	// it once it has seen the workload's transactions (the database has no
-	// others), and a deadline bounds the wait.
-	streamCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+	// others); the run's deadline bounds the wait.
+	streamCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	commits := 0
 	_, err := c.StreamChanges(streamCtx, from, func(ch canonical.Change) error {

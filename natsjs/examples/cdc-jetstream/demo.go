@@ -32,8 +32,6 @@ var demoCfg = config{stream: "SHOP", prefix: "shop", slot: "shop_jetstream"}
 // workload writes, then three consumers, on an embedded PostgreSQL and an
 // in-process nats-server.
 func demo(ctx context.Context, out io.Writer) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
 	pg, err := siphontest.Launch(ctx)
 	if err != nil {
 		return fmt.Errorf("start an embedded PostgreSQL (or set SIPHON_DSN and NATS_URL): %w", err)

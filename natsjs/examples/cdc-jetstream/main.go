@@ -25,6 +25,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,7 +59,12 @@ func main() {
 	case cfg.consume:
 		err = consume(ctx, os.Getenv("NATS_URL"), cfg, os.Stdout)
 	default:
-		err = demo(ctx, os.Stdout)
+		// The demo takes seconds; this bounds it on a slow machine. Its
+		// test calls demo without it: the test binary's timeout bounds a
+		// hang there, and a busy machine is no hang.
+		demoCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err = demo(demoCtx, os.Stdout)
+		cancel()
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cdc-jetstream:", err)
