@@ -50,7 +50,9 @@ func linkedBinDir(t *testing.T, binDir string, perm os.FileMode) string {
 
 func launch(t *testing.T, opts ...siphontest.Option) (*siphontest.Server, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Launching runs initdb and starts a server: seconds when quiet, most of
+	// a minute on a loaded machine. Only a hang reaches this bound.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	srv, err := siphontest.Launch(ctx, opts...)
 	if err == nil {

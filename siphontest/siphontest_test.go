@@ -156,7 +156,9 @@ func TestLaunchAndClose(t *testing.T) {
 	}
 	t.Parallel()
 	siphontest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Launching runs initdb and starts a server: seconds when quiet, most of
+	// a minute on a loaded machine. Only a hang reaches this bound.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
 	started := time.Now()
@@ -184,7 +186,9 @@ func TestRestartKeepsDataAndDSN(t *testing.T) {
 	}
 	t.Parallel()
 	siphontest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Launching runs initdb and starts a server: seconds when quiet, most of
+	// a minute on a loaded machine. Only a hang reaches this bound.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	srv, err := siphontest.Launch(ctx)
 	require.NoError(t, err)
