@@ -234,20 +234,25 @@ func (s *benchSource) serverDecode(b *testing.B, slot string) streamRun {
 	return run
 }
 
-// watchBackend samples the scheduler statistics of the backend that
-// serves slot (its active_pid) from the time it appears until the returned
-// function is called, which returns the last sample: the backend's times
-// since it started. ok is false when the backend was never seen, as with a
-// server on another machine.
+// watchBackend samples the scheduler statistics of the backends that
+// decode slot's changes (its active_pid, and the sessions that catch a
+// stream up through the SQL interface by reading temporary copies of a
+// slot: one benchmark runs at a time) from the time each appears until
+// the returned function is called, which returns the sum of the last
+// samples: the backends' times since they started. ok is false when no
+// backend was seen, as with a server on another machine.
 func (s *benchSource) watchBackend(slot string) func() (sched schedStat, ok bool) {
-	return watchBackends(s.dsn, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", slot)
+	return watchBackends(s.dsn, `SELECT active_pid FROM pg_replication_slots
+		WHERE (slot_name = $1 OR starts_with(slot_name, 'siphon_catchup_')) AND active_pid IS NOT NULL`, slot)
 }
 
-// watchBackends samples, every 5 ms, the scheduler statistics of the
+// watchBackends samples, every 20 ms, the scheduler statistics of the
 // backends whose pids query returns (run on the database dsn names, every
-// 20 ms) until the returned function is called, which returns the sum of
+// 100 ms) until the returned function is called, which returns the sum of
 // each one's last sample: their times since each started. ok is false
-// when none was seen.
+// when none was seen. A backend that ends between two samples loses what
+// it spent after the first; sampling more often cost this process, whose
+// CPU the benchmarks report too, about 2 us per change.
 func watchBackends(dsn, query string, args ...any) func() (sched schedStat, ok bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -261,7 +266,7 @@ func watchBackends(dsn, query string, args ...any) func() (sched schedStat, ok b
 		defer conn.Close(context.Background())
 		var asked time.Time
 		for {
-			if time.Since(asked) > 20*time.Millisecond {
+			if time.Since(asked) > 100*time.Millisecond {
 				asked = time.Now()
 				if rows, err := conn.Query(ctx, query, args...); err == nil {
 					for rows.Next() {
@@ -283,7 +288,7 @@ func watchBackends(dsn, query string, args ...any) func() (sched schedStat, ok b
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(5 * time.Millisecond):
+			case <-time.After(20 * time.Millisecond):
 			}
 		}
 	}()
