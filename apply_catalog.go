@@ -210,6 +210,11 @@ type binding struct {
 	key      []int // source indexes of the target's key columns; nil: keyless
 	isKey    []bool
 	identity canonical.ReplicaIdentity // the source's, "" when unknown
+	// exactKey is true when two of the source's key values are equal in
+	// the target exactly when their text is: every key column is of one
+	// type, named alike, in both, and that type is exact (see
+	// targetColumn.exact).
+	exactKey bool
 
 	// shapes caches the statement of each change shape (see shape.key).
 	shapes map[string]*statement
@@ -261,6 +266,11 @@ func bind(t *targetTable, cols []canonical.Column, src *canonical.Table) (*bindi
 			return nil, fail(k, "the column is part of the target table's key but the source has no such column: give both tables the same key")
 		}
 		b.key, b.isKey[i] = append(b.key, i), true
+	}
+	b.exactKey = b.key != nil
+	for _, k := range b.key {
+		tc := t.column(cols[k].Name)
+		b.exactKey = b.exactKey && tc.exact && cols[k].Type != "" && cols[k].Type == tc.typ
 	}
 	if src != nil {
 		if err := checkIdentity(t, src); err != nil {

@@ -17,7 +17,7 @@ import (
 // only once committed).
 func (cc *changeConsumer) schemaChange(ctx context.Context, ch *canonical.Change) error {
 	cc.unit.schemaChanged = true
-	if err := cc.flushRun(ctx); err != nil {
+	if err := cc.flushRuns(ctx); err != nil {
 		return err
 	}
 	if err := cc.s.flush(ctx); err != nil {

@@ -93,15 +93,26 @@ func planInserts(b *binding, rows []canonical.Row, sh *shape) error {
 	return nil
 }
 
-// insertChunks are the numbers of rows insert statements take at once, at
-// most: a run of inserts is queued in statements of these sizes, so that
-// few shapes are prepared.
-var insertChunks = []int{500, 50, 10, 1}
+// rowChunks are the numbers of rows statements of many rows take at once,
+// at most: a run of inserts, updates or deletes is queued in statements of
+// these sizes, so that few shapes are prepared.
+var rowChunks = []int{500, 50, 10, 1}
+
+// chunkRows returns the number of rows the next statement of a run takes:
+// the largest of rowChunks that is at most most and left.
+func chunkRows(most, left int) int {
+	for _, size := range rowChunks {
+		if size <= most && size <= left {
+			return size
+		}
+	}
+	return 1
+}
 
 // maxInsertRows returns the largest number of rows one insert statement of
 // b takes (PostgreSQL allows 65535 parameters).
 func (b *binding) maxInsertRows() int {
-	return max(1, min(insertChunks[0], 65535/max(1, len(b.cols))))
+	return max(1, min(rowChunks[0], 65535/max(1, len(b.cols))))
 }
 
 // planByKey plans an update or delete of the row with the target's key.
@@ -197,17 +208,20 @@ func (b *binding) statement(sh *shape) *statement {
 		for _, i := range sh.set {
 			st.oids = append(st.oids, b.cols[i].typeOID)
 		}
-	}
-	for _, i := range sh.where {
-		st.oids = append(st.oids, b.cols[i].typeOID)
+		for _, i := range sh.where {
+			st.oids = append(st.oids, b.cols[i].typeOID)
+		}
 	}
 	b.shapes[string(sh.key)] = st
 	return st
 }
 
 // buildSQL writes the statement of a shape. Parameters come in the order
-// of sh.set, then sh.where.
+// of sh.set, then sh.where, for each row.
 func (b *binding) buildSQL(sh *shape) string {
+	if (sh.kind == shapeUpdate || sh.kind == shapeDelete) && sh.rows > 1 {
+		return b.keyedRunSQL(sh)
+	}
 	var s strings.Builder
 	n := 0
 	param := func() string { n++; return "$" + strconv.Itoa(n) }
@@ -378,10 +392,13 @@ func (p *paramList) addRows(rows []canonical.Row) {
 
 // addChange adds the parameters of a change of shape sh.
 func (p *paramList) addChange(sh *shape, ch *canonical.Change) {
-	for _, i := range sh.set {
-		p.add(ch.New[i])
-	}
-	for _, i := range sh.where {
-		p.add(sh.whereRow[i])
+	p.addValues(sh.set, ch.New)
+	p.addValues(sh.where, sh.whereRow)
+}
+
+// addValues adds the values of row's columns idx.
+func (p *paramList) addValues(idx []int, row canonical.Row) {
+	for _, i := range idx {
+		p.add(row[i])
 	}
 }

@@ -38,7 +38,8 @@ type changeConsumer struct {
 		skipping bool               // applied before: read and ignored
 		pos      canonical.Position // the commit's start, from the begin
 	}
-	run insertRun
+	run   insertRun
+	keyed keyedRun
 }
 
 // Bounds of a unit: it is committed after the source transaction that
@@ -132,12 +133,18 @@ func (cc *changeConsumer) change(ctx context.Context, rec canonical.Record) erro
 		return cc.schemaChange(ctx, ch)
 	}
 	if ch.Op == canonical.OpInsert {
+		if err := cc.flushKeyed(ctx); err != nil {
+			return err
+		}
 		return cc.insert(ctx, rec)
 	}
 	if err := cc.flushRun(ctx); err != nil {
 		return err
 	}
 	if ch.Op == canonical.OpTruncate {
+		if err := cc.flushKeyed(ctx); err != nil {
+			return err
+		}
 		return cc.truncate(ctx, ch)
 	}
 	b, err := cc.s.binding(ctx, rec.Table)
@@ -204,7 +211,7 @@ func (cc *changeConsumer) commitUnit(ctx context.Context) error {
 		cc.resetUnit()
 		return s.rollback(ctx)
 	}
-	if err := cc.flushRun(ctx); err != nil {
+	if err := cc.flushRuns(ctx); err != nil {
 		return err
 	}
 	last := cc.unit.ends[len(cc.unit.ends)-1]
@@ -247,6 +254,7 @@ func (cc *changeConsumer) fail(ctx context.Context, cause error) error {
 	}
 	cc.resetUnit()
 	cc.run, cc.tx.open, cc.tx.skipping = insertRun{}, false, false
+	cc.keyed.reset()
 	if err != nil || cc.s.pg.IsClosed() || len(again) == 0 {
 		return withCleanup(cause, err)
 	}
@@ -280,6 +288,15 @@ func (cc *changeConsumer) insert(ctx context.Context, rec canonical.Record) erro
 	return nil
 }
 
+// flushRuns queues the runs of changes not queued yet: of inserts, and of
+// updates or deletes by key (one of them at most is not empty).
+func (cc *changeConsumer) flushRuns(ctx context.Context) error {
+	if err := cc.flushRun(ctx); err != nil {
+		return err
+	}
+	return cc.flushKeyed(ctx)
+}
+
 // flushRun applies or queues the run of inserts.
 func (cc *changeConsumer) flushRun(ctx context.Context) error {
 	b, table, rows := cc.run.b, cc.run.table, cc.run.rows
@@ -299,13 +316,7 @@ func (cc *changeConsumer) queueInserts(ctx context.Context, b *binding, rows []c
 	b.target.ceilingKnown = false
 	most := b.maxInsertRows()
 	for len(rows) > 0 {
-		n := 1
-		for _, size := range insertChunks {
-			if size <= most && size <= len(rows) {
-				n = size
-				break
-			}
-		}
+		n := chunkRows(most, len(rows))
 		if n > 1 && b.duplicateKeys(rows[:n]) {
 			n = 1 // one statement cannot upsert a row twice
 		}
@@ -313,7 +324,7 @@ func (cc *changeConsumer) queueInserts(ctx context.Context, b *binding, rows []c
 			return err
 		}
 		cc.s.q.params.addRows(rows[:n])
-		if err := cc.queueStatement(ctx, b, canonical.OpInsert); err != nil {
+		if err := cc.queueStatement(ctx, b, &cc.sh, canonical.OpInsert); err != nil {
 			return err
 		}
 		rows = rows[n:]
@@ -321,7 +332,8 @@ func (cc *changeConsumer) queueInserts(ctx context.Context, b *binding, rows []c
 	return nil
 }
 
-// queueChange queues the statement of an update or delete.
+// queueChange queues the statement of an update or delete, or adds it to
+// the run of updates or deletes by key (see keyedRun).
 func (cc *changeConsumer) queueChange(ctx context.Context, b *binding, ch *canonical.Change) error {
 	if ch.Op == canonical.OpUpdate {
 		b.target.ceilingKnown = false // it may raise a key
@@ -330,15 +342,21 @@ func (cc *changeConsumer) queueChange(ctx context.Context, b *binding, ch *canon
 	if err != nil || !ok {
 		return err
 	}
+	if b.joinsRun(&cc.sh) {
+		return cc.queueKeyed(ctx, b, ch)
+	}
+	if err := cc.flushKeyed(ctx); err != nil {
+		return err
+	}
 	cc.s.q.params.addChange(&cc.sh, ch)
-	return cc.queueStatement(ctx, b, ch.Op)
+	return cc.queueStatement(ctx, b, &cc.sh, ch.Op)
 }
 
-// queueStatement queues the statement of shape cc.sh with the parameters
-// in the queue's params, preparing it first when its shape is new.
-func (cc *changeConsumer) queueStatement(ctx context.Context, b *binding, op canonical.Op) error {
+// queueStatement queues the statement of shape sh with the parameters in
+// the queue's params, preparing it first when its shape is new.
+func (cc *changeConsumer) queueStatement(ctx context.Context, b *binding, sh *shape, op canonical.Op) error {
 	s := cc.s
-	st := b.statement(&cc.sh)
+	st := b.statement(sh)
 	if st.prepared == nil && s.prepared < maxPrepared {
 		// Preparing takes a round trip of its own: send what is queued
 		// with it.
