@@ -73,7 +73,13 @@ const (
 // in batches, prepared once per table and shape; inserts into one table in
 // a row, across source transactions, become multi-row INSERT ... ON
 // CONFLICT statements or, from 64 rows on, a COPY (into a table with a key
-// once a lookup showed that none of the keys is there yet). The records of
+// once a lookup showed that none of the keys is there yet); updates, or
+// deletes, of one plain table's rows by key in a row become statements of
+// many rows (UPDATE ... FROM (VALUES ...), DELETE ... USING), each row
+// changed once a statement (a row updated again starts the next). A
+// statement-level trigger that fires on apply (ENABLE ALWAYS, or any with
+// [WithTriggersOnApply]) fires once for each of these statements and
+// COPYs, not for each row. The records of
 // a group's complete source transactions are kept (up to 16 MiB; a larger
 // transaction ends its group): when the group fails, it is rolled back and
 // they are applied again one transaction at a time, so the target keeps
