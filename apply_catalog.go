@@ -51,6 +51,10 @@ type targetColumn struct {
 	// and no generation expression: an insert must give it.
 	required  bool
 	generated bool
+	// identityAlways is true for a GENERATED ALWAYS identity column: an
+	// insert writes it with OVERRIDING SYSTEM VALUE, but an UPDATE may set
+	// it only to DEFAULT.
+	identityAlways bool
 }
 
 func (t *targetTable) column(name string) *targetColumn {
@@ -81,7 +85,7 @@ const (
 const targetTableQuery = `
 SELECT c.relkind = 'p', a.attname, a.atttypid::int8, t.typarray::int8, format_type(a.atttypid, a.atttypmod),
        a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '',
-       a.attgenerated <> '',
+       a.attgenerated <> '', a.attidentity = 'a',
        coalesce((bt.typtype = 'e' OR bt.oid::int8 = ANY ($3::int8[])) AND coalesce(co.collisdeterministic, true), false),
        coalesce(array_position(pk.indkey::int2[], a.attnum) + 1, 0),
        coalesce(array_position(ri.indkey::int2[], a.attnum) + 1, 0),
@@ -123,9 +127,10 @@ func loadTargetTable(ctx context.Context, q querier, name canonical.TableName) (
 			arrayOID   *int64
 			typ        *string
 			req, gen   *bool
+			always     *bool
 			pkAt, riAt int
 		)
-		if err := rows.Scan(&t.partitioned, &attname, &typeOID, &arrayOID, &typ, &req, &gen, &col.exact, &pkAt, &riAt, &col.eq); err != nil {
+		if err := rows.Scan(&t.partitioned, &attname, &typeOID, &arrayOID, &typ, &req, &gen, &always, &col.exact, &pkAt, &riAt, &col.eq); err != nil {
 			return nil, fmt.Errorf("read the target's catalog for %s: %w", name, err)
 		}
 		found = true
@@ -133,7 +138,7 @@ func loadTargetTable(ctx context.Context, q querier, name canonical.TableName) (
 			continue // a table without columns
 		}
 		col.name, col.typeOID, col.arrayOID, col.typ = *attname, uint32(*typeOID), uint32(*arrayOID), *typ
-		col.required, col.generated = *req, *gen
+		col.required, col.generated, col.identityAlways = *req, *gen, *always
 		t.columns = append(t.columns, col)
 		pkPos, riPos = append(pkPos, pkAt), append(riPos, riAt)
 	}
@@ -227,6 +232,8 @@ type boundColumn struct {
 	arrayOID uint32
 	exact    bool
 	eq       string // the equality operator (see targetColumn.eq)
+	// identityAlways: see targetColumn.identityAlways.
+	identityAlways bool
 }
 
 // bind checks that the source columns fit the target table and maps them.
@@ -253,7 +260,8 @@ func bind(t *targetTable, cols []canonical.Column, src *canonical.Table) (*bindi
 		case sc.Type != "" && sc.Type != tc.typ && builtinType(sc.TypeOID):
 			return nil, fail(sc.Name, fmt.Sprintf("the column is %s in the source but %s in the target: give both the same type", sc.Type, tc.typ))
 		}
-		b.cols = append(b.cols, boundColumn{quoted: sqltext.Ident(sc.Name), typeOID: tc.typeOID, arrayOID: tc.arrayOID, exact: tc.exact, eq: tc.eq})
+		b.cols = append(b.cols, boundColumn{quoted: sqltext.Ident(sc.Name), typeOID: tc.typeOID, arrayOID: tc.arrayOID, exact: tc.exact, eq: tc.eq,
+			identityAlways: tc.identityAlways})
 	}
 	for _, tc := range t.columns {
 		if tc.required && !slices.ContainsFunc(cols, func(c canonical.Column) bool { return c.Name == tc.name }) {
