@@ -39,11 +39,15 @@ const (
 // (SetBeforeRead), so that what was decoded from it is handed on in batches as
 // large as what arrived together.
 //
-// Only one goroutine reads. Deadlines, which another
-// goroutine may set to wake the reader, are kept as the outer bound of
-// every read.
+// Reads are taken one at a time: pgconn, after a failed read, drains the
+// socket from a goroutine of its own while its background reader's read
+// may still be under way. Deadlines, which another goroutine may set to
+// wake the reader, are kept as the outer bound of every read.
 type Conn struct {
 	net.Conn
+	// reading is held for the whole of a Read: the fields below it, to
+	// beforeRead, are the reader's.
+	reading  sync.Mutex
 	raw      syscall.RawConn // nil when the low-water mark cannot be set
 	buf      []byte
 	r, w     int
@@ -125,7 +129,10 @@ func (c *Conn) slowedDown() bool {
 }
 
 // Read reads what was buffered, or else from the socket into the buffer.
+// A Read called while another is under way waits for it.
 func (c *Conn) Read(b []byte) (int, error) {
+	c.reading.Lock()
+	defer c.reading.Unlock()
 	if c.r < c.w {
 		n := copy(b, c.buf[c.r:c.w])
 		c.r += n

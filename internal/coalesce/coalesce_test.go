@@ -128,3 +128,30 @@ func waitBlockedInRead(t *testing.T) {
 		return false
 	}, time.Minute, time.Millisecond, "the reader blocks on the socket")
 }
+
+// TestCoalescingConnReadsFromTwoGoroutines: pgconn, after a failed read,
+// drains the socket in a goroutine of its own (io.Copy to io.Discard)
+// while its background reader may still be reading; each byte is read
+// once, by one of them, and the race detector finds nothing.
+func TestCoalescingConnReadsFromTwoGoroutines(t *testing.T) {
+	t.Parallel()
+	r, w := tcpPair(t)
+	const msgs, size = 4000, 100
+	go func() {
+		msg := make([]byte, size)
+		for range msgs {
+			if _, err := w.Write(msg); err != nil {
+				return
+			}
+		}
+		w.Close()
+	}()
+	counts := make(chan int64, 2)
+	for range 2 {
+		go func() {
+			n, _ := io.Copy(io.Discard, r)
+			counts <- n
+		}()
+	}
+	assert.Equal(t, int64(msgs*size), <-counts+<-counts)
+}
