@@ -63,10 +63,8 @@ func (b *binding) joinsRun(sh *shape) bool {
 }
 
 // maxRunRows returns the largest number of rows one statement of a run of
-// shape sh takes (PostgreSQL allows 65535 parameters).
-func (b *binding) maxRunRows(sh *shape) int {
-	return max(1, min(rowChunks[0], 65535/max(1, len(sh.set)+len(sh.where))))
-}
+// shape sh takes.
+func maxRunRows(sh *shape) int { return maxStatementRows(len(sh.set) + len(sh.where)) }
 
 // queueKeyed adds the change planned in cc.sh to the run of updates or
 // deletes by key, first queueing the run it cannot join.
@@ -97,7 +95,7 @@ func (cc *changeConsumer) queueKeyed(ctx context.Context, b *binding, ch *canoni
 		r.shape.key = append(r.shape.key[:0], cc.sh.key...)
 	}
 	r.rows = append(r.rows, keyedRow{new: ch.New, where: cc.sh.whereRow})
-	if len(r.rows) >= b.maxRunRows(&r.shape) {
+	if len(r.rows) >= maxRunRows(&r.shape) {
 		return cc.flushKeyed(ctx)
 	}
 	return nil
@@ -139,7 +137,7 @@ func (cc *changeConsumer) flushKeyed(ctx context.Context) error {
 	if r.shape.kind == shapeDelete {
 		op = canonical.OpDelete
 	}
-	most := b.maxRunRows(&r.shape)
+	most := maxRunRows(&r.shape)
 	for len(rows) > 0 {
 		n := chunkRows(most, len(rows))
 		sh := &r.chunk

@@ -110,9 +110,13 @@ func chunkRows(most, left int) int {
 }
 
 // maxInsertRows returns the largest number of rows one insert statement of
-// b takes (PostgreSQL allows 65535 parameters).
-func (b *binding) maxInsertRows() int {
-	return max(1, min(rowChunks[0], 65535/max(1, len(b.cols))))
+// b takes.
+func (b *binding) maxInsertRows() int { return maxStatementRows(len(b.cols)) }
+
+// maxStatementRows returns the largest number of rows one statement of many
+// rows takes, given the parameters of a row (PostgreSQL allows 65535).
+func maxStatementRows(perRow int) int {
+	return max(1, min(rowChunks[0], 65535/max(1, perRow)))
 }
 
 // planByKey plans an update or delete of the row with the target's key.

@@ -182,7 +182,8 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 	waitApplied(t, target, systemIdentifier(t, srcAdmin), slot, 1, run)
 	execSQL(t, srcAdmin, `ALTER TABLE accounts ADD COLUMN note text`,
 		`INSERT INTO accounts VALUES (101, 'late', 1, 'after the snapshot')`,
-		`UPDATE ledger SET amount = amount + 1 WHERE account = 7`)
+		`UPDATE ledger SET amount = amount + 1 WHERE account <= 7`, // runs: statements of many rows
+		`DELETE FROM ledger WHERE account BETWEEN 90 AND 99`)
 	waitApplied(t, target, systemIdentifier(t, srcAdmin), slot, sourceMark(t, srcAdmin), run)
 	_, err = run.stop()
 	require.NoError(t, err)
