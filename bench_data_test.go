@@ -27,7 +27,13 @@ import (
 //     SIPHON_BENCH_TX_ROWS changes (default 100), then the marker message
 //     "bench.end";
 //   - the huge transaction: SIPHON_BENCH_HUGE_ROWS inserts (default 200000,
-//     2000000 for the published figure) in one transaction, then the marker.
+//     2000000 for the published figure) in one transaction, then the marker;
+//   - the wide shape: the standard stream workload on a tenth of the rows,
+//     whose table has one more column, doc, holding 6400 characters that
+//     do not compress (so every row's doc is TOASTed, out of line) and
+//     that updates leave as they are (pgoutput sends it as unchanged);
+//   - the single-row shape: the standard stream workload on a tenth of the
+//     rows, one change per transaction.
 //
 // Every value is a function of the row number, so each run and each
 // database holds the same bytes.
@@ -51,9 +57,24 @@ const benchColumns = `i, 'customer ' || md5(i::text), (i % 10000000) / 100.0,
 	jsonb_build_object('n', i, 'kind', (ARRAY['retail', 'wholesale', 'online'])[1 + i % 3], 'score', (i % 1000) * 0.1, 'vip', i % 11 = 0),
 	i % 3 = 0, md5('ref' || i)::uuid`
 
+// benchDoc is the wide shape's doc of row number i: 200 md5 digests,
+// 6400 hexadecimal characters that pglz does not compress by the quarter
+// it requires, so the value is stored out of line, uncompressed.
+const benchDoc = `(SELECT string_agg(md5(i::text || '.' || g::text), '') FROM generate_series(1, 200) g)`
+
 // benchInsert inserts the standard rows lo..hi (SQL expressions).
 func benchInsert(lo, hi string) string {
-	return "INSERT INTO bench SELECT " + benchColumns + " FROM generate_series(" + lo + ", " + hi + ") i"
+	return benchInsertOf(false, lo, hi)
+}
+
+// benchInsertOf inserts the standard rows lo..hi, with their doc when
+// wide.
+func benchInsertOf(wide bool, lo, hi string) string {
+	columns := benchColumns
+	if wide {
+		columns += ", " + benchDoc
+	}
+	return "INSERT INTO bench SELECT " + columns + " FROM generate_series(" + lo + ", " + hi + ") i"
 }
 
 // loadBenchTable creates the standard table on conn's database with rows
@@ -64,9 +85,19 @@ func loadBenchTable(tb testing.TB, conn *pgx.Conn, rows int) {
 }
 
 // benchWorkload is a stream of changes to the standard table, each
-// transaction holding perTx changes of one kind.
+// transaction holding perTx changes of one kind; wide adds the doc
+// column.
 type benchWorkload struct {
 	inserts, updates, deletes, perTx int
+	wide                             bool
+}
+
+// ddl creates the workload's (empty) table.
+func (w benchWorkload) ddl() string {
+	if w.wide {
+		return strings.TrimSuffix(benchTableDDL, ")") + ", doc text)"
+	}
+	return benchTableDDL
 }
 
 // standardWorkload is the standard stream set: benchRows inserts, a quarter
@@ -85,6 +116,21 @@ func bulkWorkload(tb testing.TB) benchWorkload {
 	return w
 }
 
+// wideWorkload is the standard stream set on a tenth of benchRows, with
+// a TOASTed doc in every row that updates leave as it is.
+func wideWorkload(tb testing.TB) benchWorkload {
+	w := standardWorkload(tb)
+	n := w.inserts / 10
+	return benchWorkload{inserts: n, updates: n / 4, deletes: n / 10, perTx: w.perTx, wide: true}
+}
+
+// singleRowWorkload is the standard stream set on a tenth of benchRows,
+// a transaction for each change.
+func singleRowWorkload(tb testing.TB) benchWorkload {
+	n := benchRows(tb) / 10
+	return benchWorkload{inserts: n, updates: n / 4, deletes: n / 10, perTx: 1}
+}
+
 // hugeTransaction is SIPHON_BENCH_HUGE_ROWS inserts in one transaction.
 func hugeTransaction(tb testing.TB) benchWorkload {
 	n := envInt(tb, "SIPHON_BENCH_HUGE_ROWS", 200_000)
@@ -97,7 +143,7 @@ func (w benchWorkload) changes() int { return w.inserts + w.updates + w.deletes 
 // run makes the workload's changes on conn's (empty) standard table, then
 // emits the marker message "bench.end" and returns its position. Updates
 // change every column but the key of the first rows; deletes remove the
-// last rows.
+// last rows. The doc of the wide shape is left as it is.
 func (w benchWorkload) run(tb testing.TB, conn *pgx.Conn) canonical.Position {
 	tb.Helper()
 	loop := func(from, to int, stmt string) string {
@@ -109,7 +155,7 @@ func (w benchWorkload) run(tb testing.TB, conn *pgx.Conn) canonical.Position {
 			";\nCOMMIT;\nEND LOOP;\n"
 	}
 	execSQL(tb, conn, "DO $$\nBEGIN\n"+
-		loop(1, w.inserts, benchInsert("lo", "$hi"))+
+		loop(1, w.inserts, benchInsertOf(w.wide, "lo", "$hi"))+
 		loop(1, w.updates, `UPDATE bench SET name = name || ' (updated)', amount = amount + 1, at = at + interval '1 hour',
 			tags = tags || 'updated'::text, attrs = attrs || '{"updated": true}', flag = NOT flag, ref = md5('new' || id)::uuid
 			WHERE id BETWEEN lo AND $hi`)+

@@ -109,8 +109,19 @@ func (c subConfig) String() string {
 // median and lowest of Replicate's speed over the faster subscription of
 // the iteration (x_subscription, target at least 1.0), and how often the
 // binary one was the faster (binary_faster_pct).
-func BenchmarkReplicate(b *testing.B) {
-	r := newReplicaBench(b)
+func BenchmarkReplicate(b *testing.B) { benchReplicate(b, standardWorkload(b)) }
+
+// BenchmarkReplicateWide is BenchmarkReplicate on the wide shape: a tenth
+// of the rows, each with a TOASTed doc that updates leave as it is.
+func BenchmarkReplicateWide(b *testing.B) { benchReplicate(b, wideWorkload(b)) }
+
+// BenchmarkReplicateSingleRow is BenchmarkReplicate on the single-row
+// shape: a tenth of the changes, a transaction for each.
+func BenchmarkReplicateSingleRow(b *testing.B) { benchReplicate(b, singleRowWorkload(b)) }
+
+// benchReplicate runs BenchmarkReplicate's sub-benchmarks on work.
+func benchReplicate(b *testing.B, work benchWorkload) {
+	r := newReplicaBench(b, work)
 	changes := float64(r.src.work.changes())
 	each := func(run func(b *testing.B) replicaStat) func(b *testing.B) {
 		return func(b *testing.B) {
@@ -153,12 +164,12 @@ func BenchmarkReplicate(b *testing.B) {
 	})
 }
 
-// newReplicaBench makes the source: the standard stream workload behind
-// a slot, then reads where its last transaction ends by streaming a copy
-// of the slot, and the source table's digest.
-func newReplicaBench(b *testing.B) *replicaBench {
+// newReplicaBench makes the source: work behind a slot, then reads where
+// its last transaction ends by streaming a copy of the slot, and the
+// source table's digest.
+func newReplicaBench(b *testing.B, work benchWorkload) *replicaBench {
 	b.Helper()
-	src := newBenchSource(b, standardWorkload(b))
+	src := newBenchSource(b, work)
 	r := &replicaBench{src: src, srv: siphontest.Start(b), digest: tableDigest(b, src.admin, "bench")}
 	if err := src.admin.QueryRow(context.Background(), "SELECT system_identifier::text FROM pg_control_system()").Scan(&r.systemID); err != nil {
 		b.Fatal(err)
@@ -203,7 +214,7 @@ func (s *benchSource) lastCommit(b *testing.B) canonical.Position {
 	return last
 }
 
-// target creates a fresh database holding the empty standard table, off
+// target creates a fresh database holding the workload's empty table, off
 // the timer, and returns its DSN, an admin session on it and a function
 // that drops it.
 func (r *replicaBench) target(b *testing.B) (dsn string, admin *pgx.Conn, drop func()) {
@@ -219,7 +230,7 @@ func (r *replicaBench) target(b *testing.B) (dsn string, admin *pgx.Conn, drop f
 	if err != nil {
 		b.Fatal(err)
 	}
-	execSQL(b, admin, benchTableDDL)
+	execSQL(b, admin, r.src.work.ddl())
 	return dsn, admin, func() {
 		admin.Close(ctx)
 		if err := dropDB(ctx); err != nil {

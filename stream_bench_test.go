@@ -44,7 +44,7 @@ func newBenchSource(b *testing.B, work benchWorkload) *benchSource {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { admin.Close(ctx) })
-	execSQL(b, admin, benchTableDDL)
+	execSQL(b, admin, work.ddl())
 	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot("bench_src"))
 	if err != nil {
 		b.Fatal(err)
