@@ -42,9 +42,12 @@ import (
 // insert count: SIPHON_BENCH_ROWS, default 20000.
 func benchRows(tb testing.TB) int { return envInt(tb, "SIPHON_BENCH_ROWS", 20_000) }
 
+// benchTableColumns are the standard table's column definitions.
+const benchTableColumns = `id bigint PRIMARY KEY, name text NOT NULL, amount numeric(12,2),
+	at timestamptz, tags text[], attrs jsonb, flag bool, ref uuid`
+
 // benchTableDDL creates the standard table.
-const benchTableDDL = `CREATE TABLE bench (id bigint PRIMARY KEY, name text NOT NULL, amount numeric(12,2),
-	at timestamptz, tags text[], attrs jsonb, flag bool, ref uuid)`
+const benchTableDDL = `CREATE TABLE bench (` + benchTableColumns + `)`
 
 // benchColumns is the standard table's row number i, every column in
 // order: md5-based text, 2 to 5 tags of 5 to 8 characters (one in seven
@@ -95,7 +98,7 @@ type benchWorkload struct {
 // ddl creates the workload's (empty) table.
 func (w benchWorkload) ddl() string {
 	if w.wide {
-		return strings.TrimSuffix(benchTableDDL, ")") + ", doc text)"
+		return `CREATE TABLE bench (` + benchTableColumns + `, doc text)`
 	}
 	return benchTableDDL
 }
@@ -103,8 +106,13 @@ func (w benchWorkload) ddl() string {
 // standardWorkload is the standard stream set: benchRows inserts, a quarter
 // as many updates, a tenth as many deletes.
 func standardWorkload(tb testing.TB) benchWorkload {
-	n := benchRows(tb)
-	return benchWorkload{inserts: n, updates: n / 4, deletes: n / 10, perTx: envInt(tb, "SIPHON_BENCH_TX_ROWS", 100)}
+	return changeSet(benchRows(tb), envInt(tb, "SIPHON_BENCH_TX_ROWS", 100))
+}
+
+// changeSet is n inserts, a quarter as many updates and a tenth as many
+// deletes, perTx changes a transaction.
+func changeSet(n, perTx int) benchWorkload {
+	return benchWorkload{inserts: n, updates: n / 4, deletes: n / 10, perTx: perTx}
 }
 
 // bulkWorkload is the standard stream set in its bulk shape: one
@@ -119,16 +127,15 @@ func bulkWorkload(tb testing.TB) benchWorkload {
 // wideWorkload is the standard stream set on a tenth of benchRows, with
 // a TOASTed doc in every row that updates leave as it is.
 func wideWorkload(tb testing.TB) benchWorkload {
-	w := standardWorkload(tb)
-	n := w.inserts / 10
-	return benchWorkload{inserts: n, updates: n / 4, deletes: n / 10, perTx: w.perTx, wide: true}
+	w := changeSet(benchRows(tb)/10, standardWorkload(tb).perTx)
+	w.wide = true
+	return w
 }
 
 // singleRowWorkload is the standard stream set on a tenth of benchRows,
 // a transaction for each change.
 func singleRowWorkload(tb testing.TB) benchWorkload {
-	n := benchRows(tb) / 10
-	return benchWorkload{inserts: n, updates: n / 4, deletes: n / 10, perTx: 1}
+	return changeSet(benchRows(tb)/10, 1)
 }
 
 // hugeTransaction is SIPHON_BENCH_HUGE_ROWS inserts in one transaction.
