@@ -137,22 +137,25 @@ func planByKey(b *binding, ch *canonical.Change, sh *shape) error {
 		return nil
 	}
 	sh.kind = shapeUpdate
+	return b.planSet(ch, sh)
+}
+
+// planSet lists in sh.set the columns an update writes: those the source
+// sent, but a key column that kept its value (writing the same value would
+// fail for a GENERATED ALWAYS identity key) and a GENERATED ALWAYS
+// identity column outside the key (see keepIdentity).
+func (b *binding) planSet(ch *canonical.Change, sh *shape) error {
 	for i, v := range ch.New {
-		if v.IsUnchanged() {
-			continue
-		}
-		// A key column is written only when it changed: writing the same
-		// value would fail for a GENERATED ALWAYS identity key.
-		if b.isKey[i] && v == sh.whereRow[i] {
-			continue
-		}
-		if b.cols[i].identityAlways {
+		switch {
+		case v.IsUnchanged():
+		case b.isKey[i] && v == sh.whereRow[i]:
+		case b.cols[i].identityAlways:
 			if err := b.keepIdentity(i, ch); err != nil {
 				return err
 			}
-			continue
+		default:
+			sh.set = append(sh.set, i)
 		}
-		sh.set = append(sh.set, i)
 	}
 	return nil
 }
@@ -202,18 +205,7 @@ func planByOldRow(b *binding, ch *canonical.Change, sh *shape) error {
 		return nil
 	}
 	sh.kind = shapeUpdateRow
-	for i, v := range ch.New {
-		switch {
-		case v.IsUnchanged():
-		case b.cols[i].identityAlways:
-			if err := b.keepIdentity(i, ch); err != nil {
-				return err
-			}
-		default:
-			sh.set = append(sh.set, i)
-		}
-	}
-	return nil
+	return b.planSet(ch, sh) // a keyless table: no key column to skip
 }
 
 // appendKey appends the shape's cache key to buf.
