@@ -41,11 +41,14 @@ type targetColumn struct {
 	// equal always print the same text, so = can match rows exactly (not so
 	// for numeric 1.0 = 1.00, float 0 = -0, json, point...).
 	exact bool
-	// eq is the type's equality operator as a WHERE clause writes it: "="
-	// for a built-in one, OPERATOR(schema.=) for one of another schema (an
-	// extension's, such as citext's), which siphon's search_path would not
-	// find: PostgreSQL's own apply looks up the key index's operator by
-	// its type too, never by name.
+	// eq is the type's equality operator as a WHERE clause writes it,
+	// always qualified: OPERATOR(pg_catalog.=) for a built-in one,
+	// OPERATOR(schema.=) for one of another schema (an extension's, such as
+	// citext's), which siphon's search_path would not find. A bare = would
+	// let an operator of a schema in the DSN's search_path win where it is
+	// the closer match (varchar, an enum, a domain: pg_catalog has no = of
+	// exactly their types): PostgreSQL's own apply looks up the key index's
+	// operator by its type too, never by name.
 	eq string
 	// required is true for a NOT NULL column with no default, no identity
 	// and no generation expression: an insert must give it.
@@ -96,7 +99,8 @@ SELECT c.relkind = 'p', a.attname, a.atttypid::int8, t.typarray::int8, format_ty
                    AND ao.amoplefttype = oc.opcintype AND ao.amoprighttype = oc.opcintype
                  JOIN pg_catalog.pg_operator o ON o.oid = ao.amopopr
                  JOIN pg_catalog.pg_namespace opn ON opn.oid = o.oprnamespace
-                 WHERE oc.opcdefault AND oc.opcintype = bt.oid AND opn.nspname <> 'pg_catalog' LIMIT 1), '=')
+                 WHERE oc.opcdefault AND oc.opcintype = bt.oid AND opn.nspname <> 'pg_catalog' LIMIT 1),
+                'OPERATOR(pg_catalog.=)')
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped

@@ -296,9 +296,11 @@ func (b *binding) buildSQL(sh *shape) string {
 	return s.String()
 }
 
-// oneRowWhere matches one row whose columns equal the old values exactly:
-// with = where equal values print the same, else by their text (same
-// cast on both sides, under the same session settings).
+// oneRowWhere matches one row whose columns equal the old values exactly
+// (NULL matching NULL): with the type's = where equal values print the
+// same, else by their text (same cast on both sides, under the same
+// session settings). The operator is named (see targetColumn.eq), which
+// IS NOT DISTINCT FROM cannot do.
 func (b *binding) oneRowWhere(where []int, param func() string) string {
 	row := "ctid"
 	if b.target.partitioned {
@@ -310,12 +312,13 @@ func (b *binding) oneRowWhere(where []int, param func() string) string {
 		if i > 0 {
 			s.WriteString(" AND ")
 		}
-		col := b.cols[c]
+		col, p := b.cols[c], param()
 		if col.exact {
-			s.WriteString(col.quoted + " IS NOT DISTINCT FROM " + param())
+			s.WriteString("(" + col.quoted + " " + col.eq + " " + p)
 		} else {
-			s.WriteString(col.quoted + "::text IS NOT DISTINCT FROM " + param() + "::text")
+			s.WriteString("(" + col.quoted + "::text OPERATOR(pg_catalog.=) " + p + "::text")
 		}
+		s.WriteString(" OR " + col.quoted + " IS NULL AND " + p + " IS NULL)")
 	}
 	s.WriteString(" LIMIT 1)")
 	return s.String()

@@ -37,8 +37,11 @@ var shadowedBuiltins = [][3]string{
 
 // shadowedEquals are the argument types of the = operators plantShadows
 // defines in the attacker's schema: the comparisons of names, text and
-// oids every catalog query makes.
-var shadowedEquals = []string{"name, name", "name, text", "text, text", "oid, oid", "integer, integer"}
+// oids every catalog query makes, and of varchar keys, for which built-in
+// = has no operator of its own (it compares text): hers is the closer
+// match, found even behind pg_catalog, unless apply names the operator.
+var shadowedEquals = []string{"name, name", "name, text", "text, text", "oid, oid", "integer, integer",
+	"character varying, character varying"}
 
 // plantShadows makes, as owner (the database's owner, not a superuser),
 // schema evil with a function or operator for each of shadowedBuiltins and
@@ -120,10 +123,14 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 	tgtDSN, tgtAdmin := newDatabase(t)
 	for _, admin := range []*pgx.Conn{srcAdmin, tgtAdmin} {
 		execSQL(t, admin, `CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance numeric NOT NULL)`,
-			`CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int REFERENCES accounts, amount numeric)`)
+			`CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int REFERENCES accounts, amount numeric)`,
+			`CREATE TABLE labels (code varchar(20) PRIMARY KEY, hits int NOT NULL)`,
+			`CREATE TABLE notes (label varchar(20), body text)`, `ALTER TABLE notes REPLICA IDENTITY FULL`)
 	}
 	execSQL(t, srcAdmin, `INSERT INTO accounts SELECT i, 'owner ' || i, i * 10 FROM generate_series(1, 100) i`,
-		`INSERT INTO ledger (account, amount) SELECT i % 100 + 1, i FROM generate_series(1, 500) i`)
+		`INSERT INTO ledger (account, amount) SELECT i % 100 + 1, i FROM generate_series(1, 500) i`,
+		`INSERT INTO labels SELECT 'label ' || i, i FROM generate_series(1, 50) i`,
+		`INSERT INTO notes SELECT CASE WHEN i % 5 > 0 THEN 'note ' || i END, 'body ' || i FROM generate_series(1, 20) i`)
 	var roles []string
 	for _, db := range []struct {
 		dsn   string
@@ -183,7 +190,11 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 	execSQL(t, srcAdmin, `ALTER TABLE accounts ADD COLUMN note text`,
 		`INSERT INTO accounts VALUES (101, 'late', 1, 'after the snapshot')`,
 		`UPDATE ledger SET amount = amount + 1 WHERE account <= 7`, // runs: statements of many rows
-		`DELETE FROM ledger WHERE account BETWEEN 90 AND 99`)
+		`DELETE FROM ledger WHERE account BETWEEN 90 AND 99`,
+		`UPDATE labels SET hits = hits + 1 WHERE hits <= 20`, // a run keyed by varchar
+		`DELETE FROM labels WHERE hits > 40`,
+		`UPDATE notes SET body = body || '!' WHERE body IN ('body 3', 'body 5')`, // keyless: the row by its old values, NULL among them
+		`DELETE FROM notes WHERE body IN ('body 4', 'body 10')`)
 	waitApplied(t, target, systemIdentifier(t, srcAdmin), slot, sourceMark(t, srcAdmin), run)
 	_, err = run.stop()
 	require.NoError(t, err)
