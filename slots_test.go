@@ -342,6 +342,11 @@ func TestSlotCreationWaitsForTheSlotLock(t *testing.T) {
 
 	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", siphon.SlotLockKeyForTest)
 	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	// With the lock free, the slot is made. Not under the short bounds
+	// above: creating a logical slot also waits for every transaction of
+	// the server that holds a transaction ID, other tests' too.
+	c = connect(t, dsn, siphon.WithSlot("waiting_slot"))
 	created, _, err := c.EnsureSlotForTest(ctx)
 	require.NoError(t, err)
 	assert.True(t, created)
