@@ -1,6 +1,7 @@
 package siphon_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/siphontest"
 )
 
 // TestStreamReturnsOnceTheServerConfirmed holds the walsender still
@@ -95,4 +97,69 @@ func TestStreamReturnsOnceTheServerConfirmed(t *testing.T) {
 
 	require.NoError(t, c.Close())
 	assertNoLeaks(t, dsn, slot)
+}
+
+// TestStreamConfirmsOnlyWhatItsWalsenderRead takes two incrementals with
+// checkpoints running all the while, from a slot whose restart_lsn stands
+// some 180 MB of WAL (written in another database) behind the first
+// incremental's end. The first incremental's walsender finds a restart
+// point in that WAL that it cannot take up (BackupIncremental confirms
+// nothing past its since), and PostgreSQL keeps it in shared memory for
+// the slot's next session. The second incremental starts reading at the
+// old restart_lsn: had it confirmed its since at once, that would take up
+// the restart point ahead of its reading, and a checkpoint would remove
+// the WAL it is reading ("requested WAL segment ... has already been
+// removed"). It confirms nothing past what its walsender has reached, and
+// succeeds.
+func TestStreamConfirmsOnlyWhatItsWalsenderRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := siphontest.Start(t, siphontest.WithPrivateServer(), siphontest.WithSetting("wal_keep_size", "0"))
+	dsn := srv.NewDatabase(t)
+	admin := connectOrFail(t, dsn)
+	other := connectOrFail(t, srv.NewDatabase(t))
+	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
+	execSQL(t, other, "CREATE TABLE filler (id int, pad text)")
+	c, slot, since := streamConnAt(t, dsn)
+	c.NoCatchUpForTest() // the walsender reads the backlog: the catch-up's copies of the slot hold their own WAL
+	restart := func() (restart, insert canonical.Position) {
+		var r, i string
+		require.NoError(t, admin.QueryRow(ctx, `SELECT restart_lsn::text, pg_current_wal_insert_lsn()::text
+			FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&r, &i))
+		restart, err := canonical.ParsePosition(r)
+		require.NoError(t, err)
+		insert, err = canonical.ParsePosition(i)
+		require.NoError(t, err)
+		return restart, insert
+	}
+
+	for range 2 {
+		execSQL(t, other, "INSERT INTO filler SELECT g, repeat('x', 900) FROM generate_series(1, 100000) g")
+	}
+	execSQL(t, admin, "CHECKPOINT", "INSERT INTO t VALUES (1)") // a restart point, then a row
+	var out bytes.Buffer
+	next, err := c.BackupIncremental(ctx, since, &out)
+	require.NoError(t, err)
+	old, insert := restart()
+	const segment = 16 << 20
+	require.Greater(t, int64(insert-old), int64(4*segment), "the slot's restart_lsn stays behind the first incremental")
+
+	checkpoints, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		conn := connectOrFail(t, dsn)
+		for checkpoints.Err() == nil {
+			conn.Exec(checkpoints, "CHECKPOINT")
+		}
+	}()
+	execSQL(t, admin, "INSERT INTO t VALUES (2)")
+	out.Reset()
+	_, err = c.BackupIncremental(ctx, next, &out)
+	stop()
+	<-done
+	require.NoError(t, err, "the second incremental reads from the old restart_lsn")
+	assert.Equal(t, []string{"2"}, insertedIDs(t, decodeChanges(t, out.Bytes())))
+	moved, _ := restart()
+	assert.Greater(t, moved, old, "the slot's restart_lsn moves once the walsender has read past it")
 }

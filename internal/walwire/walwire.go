@@ -6,6 +6,7 @@ package walwire
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -85,7 +86,8 @@ type Config struct {
 	Sock    *coalesce.Conn    // Conn's socket
 	Decoder *pgoutput.Decoder // decodes the XLogData messages
 	// Acked is the position the stream loop acknowledges; the reader
-	// confirms it to the server in its status updates.
+	// confirms it to the server in its status updates, once the
+	// walsender has reached it.
 	Acked *atomic.Uint64
 	// Probing, while set, has the reader ask the server for a keepalive
 	// every probeEvery (the loop waits for the walsender to reach a
@@ -121,6 +123,10 @@ type Reader struct {
 
 	pings    int       // reply requests in a row past the acknowledged position
 	lastPing time.Time // when the last one came
+
+	// reached is the furthest WAL position the walsender's messages have
+	// named in this session (see reported).
+	reached canonical.Position
 
 	// failed is set when the session broke or the server ended it: there
 	// is no session left to confirm the final position on. Read it only
@@ -248,11 +254,32 @@ func (w *Reader) timers() error {
 	return nil
 }
 
-// sendStatus acknowledges the stream loop's position, as write, flush and
-// apply position alike (pglogrepl would otherwise fill in flush and apply
-// from write).
+// reported is the position the status updates confirm: the stream
+// loop's, but never past what the walsender has reached in this session
+// (zero before its first message, which confirms nothing).
+//
+// A confirmation may move the slot's restart_lsn, and PostgreSQL keeps a
+// logical slot's candidate restart point in shared memory from one session
+// to the next: one that a previous session found past the position it
+// confirmed is taken up by the first confirmation that reaches its
+// record, whether or not the walsender of the new session has read that
+// far. The new walsender starts reading at the old restart_lsn, so a
+// checkpoint right then removes WAL it is still reading ("requested WAL
+// segment ... has already been removed", a stream that fails, and an
+// incremental backup from a Position past the slot's). Confirming nothing
+// past what the walsender's messages have named keeps the restart point
+// behind its reading: a message names at most how far it has read, or
+// the slot's confirmed position at the session's start, which no stale
+// candidate's record is at or before.
+func (w *Reader) reported() canonical.Position {
+	return min(canonical.Position(w.acked.Load()), w.reached)
+}
+
+// sendStatus confirms the reported position, as write, flush and apply
+// position alike (pglogrepl would otherwise fill in flush and apply from
+// write).
 func (w *Reader) sendStatus(reply bool) error {
-	pos := pglogrepl.LSN(w.acked.Load())
+	pos := pglogrepl.LSN(w.reported())
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), w.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos,
 		ClientTime: time.Now(), ReplyRequested: reply,
@@ -273,6 +300,7 @@ func (w *Reader) copyData(data []byte) error {
 		if err != nil {
 			return err
 		}
+		w.reached = max(w.reached, canonical.Position(ka.ServerWALEnd))
 		if ka.ReplyRequested {
 			if w.stopping(canonical.Position(ka.ServerWALEnd)) {
 				return ErrServerStopping
@@ -288,6 +316,7 @@ func (w *Reader) copyData(data []byte) error {
 		if len(data) < header+1 {
 			return fmt.Errorf("short XLogData message (%d bytes)", len(data))
 		}
+		w.reached = max(w.reached, canonical.Position(binary.BigEndian.Uint64(data[1+8:])))
 		w.batch = append(w.batch, Item{Kind: KindChange})
 		it := &w.batch[len(w.batch)-1]
 		ok, err := w.dec.Decode(data[header:], &it.Change)
@@ -307,7 +336,7 @@ func (w *Reader) copyData(data []byte) error {
 func (w *Reader) stopping(walEnd canonical.Position) bool {
 	now := time.Now()
 	switch {
-	case walEnd <= canonical.Position(w.acked.Load()):
+	case walEnd <= w.reported():
 		w.pings = 0 // the reply confirms it: the walsender can exit
 	case w.pings > 0 && now.Sub(w.lastPing) < stoppingPingGap:
 		w.pings++
@@ -385,8 +414,9 @@ const confirmTimeout = 15 * time.Second
 // position in time.
 var ErrNotConfirmed = errors.New("the server did not confirm the final position")
 
-// ConfirmFinal makes sure the walsender took in the final acknowledged
-// position before the session closes, once Done is closed. A status
+// ConfirmFinal makes sure the walsender took in the final reported
+// position (the acknowledged one, unless the walsender never reached it:
+// see reported) before the session closes, once Done is closed. A status
 // update on its own is only sent: a walsender that is terminated or whose
 // session closes before it reads the update leaves the slot behind, which
 // a loaded machine makes likely. The walsender handles its client's
@@ -401,7 +431,7 @@ func (w *Reader) ConfirmFinal(confirmed func(context.Context) (canonical.Positio
 	if w.failed || w.conn.IsClosed() {
 		return nil // nothing to confirm on: the caller resumes from its own Position
 	}
-	want := canonical.Position(w.acked.Load())
+	want := w.reported()
 	if err := w.sendStatus(false); err != nil {
 		return err
 	}
