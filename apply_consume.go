@@ -28,7 +28,10 @@ const (
 // ConsumeCanonical reads a canonical JSONL stream from r (a snapshot from
 // [Conn.EmitCanonical], an incremental from [Conn.BackupIncremental], or a
 // recorded change stream) and applies it, exactly once, to the database c is
-// connected to (the target), through one dedicated session.
+// connected to (the target), through one dedicated session. A call that
+// ends cleanly leaves that session open, reset as a new one (DISCARD ALL)
+// and holding nothing of the source, for the Conn's next apply: applying a
+// chain file after file costs a new backend once. [Conn.Close] ends it.
 //
 // Each source transaction is applied atomically together with its
 // Position (the end of its commit), so the target always holds the data up
@@ -380,6 +383,7 @@ type applySession struct {
 	pg       *pgconn.PgConn
 	track    tracker
 	tracking bool // track is set up on the session
+	own      bool // the session is in the Conn's own database (see warmApply)
 	role     applyRole
 	// unchecked lists the tables declared since the last check, when the
 	// role must check what would fire (role.guard).
@@ -408,13 +412,20 @@ type applySession struct {
 }
 
 // openApplySession opens the session that applies the source h names into
-// database ("" for the Conn's).
+// database ("" for the Conn's, where it takes the session the last apply
+// kept, if any: see warmApply).
 func (c *Conn) openApplySession(ctx context.Context, database string, h canonical.Header) (*applySession, error) {
-	conn, err := c.newSessionIn(ctx, database)
-	if err != nil {
-		return nil, err
+	var conn *pgx.Conn
+	if database == "" {
+		conn = c.warm.take(ctx, c.pool)
 	}
-	s := &applySession{c: c, conn: conn, pg: conn.PgConn(),
+	if conn == nil {
+		var err error
+		if conn, err = c.newSessionIn(ctx, database); err != nil {
+			return nil, err
+		}
+	}
+	s := &applySession{c: c, conn: conn, pg: conn.PgConn(), own: database == "",
 		targets: map[canonical.TableName]*targetTable{}, bindings: map[*canonical.Table]*binding{},
 		declared: map[canonical.TableName][]canonical.Column{}, previous: map[canonical.TableName][]canonical.Column{}}
 	env, err := readApplyEnv(ctx, conn)
@@ -437,7 +448,8 @@ func (c *Conn) openApplySession(ctx context.Context, database string, h canonica
 }
 
 // close releases the source's replication origin (or advisory lock) and
-// ends the session, which drops its prepared statements. When the session
+// ends the session, which drops its prepared statements, or, in the Conn's
+// own database, resets it and keeps it for the next apply (warmApply). When the session
 // cannot release them itself (a cancelled command broke it), close waits
 // until its backend is gone, which releases them: a ConsumeCanonical that
 // returned never leaves the source held.
@@ -452,7 +464,9 @@ func (s *applySession) close() {
 	if !s.pg.IsClosed() && s.rollback(ctx) == nil {
 		err := s.track.release(ctx, s.conn)
 		if err == nil {
-			closeConn(ctx, s.pg)
+			if !s.own || !s.c.warm.keep(ctx, s.conn) {
+				closeConn(ctx, s.pg)
+			}
 			return
 		}
 		s.c.log.Warn("siphon: release the applied source; ending the session releases it too", "err", err)

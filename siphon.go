@@ -34,6 +34,8 @@ type Conn struct {
 	// bases hold the base slots CreateBaseSlot made and CaptureBaseEnd
 	// has not completed.
 	bases heldBases
+	// warm keeps the session of the last apply that ended cleanly.
+	warm warmApply
 	// captureWarning says once that schema changes are not captured.
 	captureWarning sync.Once
 	// identityNotes holds the source roles whose schema changes were said
@@ -95,7 +97,8 @@ func Connect(ctx context.Context, dsn string, opts ...Option) (*Conn, error) {
 }
 
 // Close releases the Conn's sessions: a base slot it made and did not
-// complete is gone when Close returns (see [Conn.CreateBaseSlot]). It is
+// complete is gone when Close returns (see [Conn.CreateBaseSlot]), and so
+// is the session its last apply kept (see [Conn.ConsumeCanonical]). It is
 // safe to call more than once (the pool closes once) and returns nil:
 // closing cannot fail. A Conn used after Close returns errors wrapping
 // [ErrClosed].
@@ -103,6 +106,7 @@ func (c *Conn) Close() error {
 	c.pool.closed.Store(true)
 	c.meters.close()
 	c.bases.release(c.pool.Pool) // the pool itself, which takes work until it is closed
+	c.warm.release(c.pool.Pool)
 	c.pool.Close()
 	return nil
 }

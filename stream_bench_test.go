@@ -249,35 +249,47 @@ func (s *benchSource) watchBackend(slot string) func() (sched schedStat, ok bool
 // watchBackends samples, every 20 ms, the scheduler statistics of the
 // backends whose pids query returns (run on the database dsn names, every
 // 100 ms) until the returned function is called, which returns the sum of
-// each one's last sample: their times since each started. ok is false
-// when none was seen. A backend that ends between two samples loses what
-// it spent after the first; sampling more often cost this process, whose
-// CPU the benchmarks report too, about 2 us per change.
+// each one's last sample less its first: their times since the watch
+// started. A backend the first query finds (a session a Conn kept from an
+// earlier call) counts from then; one that appears later, from its start.
+// It returns once the first query ran. ok is false when none was seen. A
+// backend that ends between two samples loses what it spent after the
+// first; sampling more often cost this process, whose CPU the benchmarks
+// report too, about 2 us per change.
 func watchBackends(dsn, query string, args ...any) func() (sched schedStat, ok bool) {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	last := map[int]schedStat{}
+	done, ready := make(chan struct{}), make(chan struct{})
+	first, last := map[int]schedStat{}, map[int]schedStat{}
 	go func() {
 		defer close(done)
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
+			close(ready)
 			return
 		}
 		defer conn.Close(context.Background())
 		var asked time.Time
 		for {
 			if time.Since(asked) > 100*time.Millisecond {
+				starting := asked.IsZero()
 				asked = time.Now()
 				if rows, err := conn.Query(ctx, query, args...); err == nil {
 					for rows.Next() {
 						var pid int32
-						if rows.Scan(&pid) == nil {
-							if _, known := last[int(pid)]; !known {
-								last[int(pid)] = schedStat{}
+						if rows.Scan(&pid) != nil {
+							continue
+						}
+						if _, known := last[int(pid)]; !known {
+							last[int(pid)] = schedStat{}
+							if st, ok := procSched(int(pid)); ok && starting {
+								first[int(pid)] = st
 							}
 						}
 					}
 					rows.Close()
+				}
+				if starting {
+					close(ready)
 				}
 			}
 			for pid := range last {
@@ -292,12 +304,13 @@ func watchBackends(dsn, query string, args ...any) func() (sched schedStat, ok b
 			}
 		}
 	}()
+	<-ready
 	return func() (schedStat, bool) {
 		cancel()
 		<-done
 		var sum schedStat
-		for _, st := range last {
-			sum = sum.plus(st)
+		for pid, st := range last {
+			sum = sum.plus(st.minus(first[pid]))
 		}
 		return sum, len(last) > 0
 	}
