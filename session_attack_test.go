@@ -35,17 +35,20 @@ var shadowedBuiltins = [][3]string{
 	{"pg_replication_origin_oid", "text", "oid"},
 }
 
-// shadowedEquals are the argument types of the = operators plantShadows
-// defines in the attacker's schema: the comparisons of names, text and
-// oids every catalog query makes, and of varchar keys, for which built-in
-// = has no operator of its own (it compares text): hers is the closer
-// match, found even behind pg_catalog, unless apply names the operator.
-var shadowedEquals = []string{"name, name", "name, text", "text, text", "oid, oid", "integer, integer",
-	"character varying, character varying"}
+// shadowedOperators are the operators plantShadows defines in the
+// attacker's schema, by name and argument types: the comparisons of
+// names, text and oids every catalog query makes; of varchar keys, for
+// which built-in = has no operator of its own (it compares text): hers is
+// the closer match, found even behind pg_catalog, unless apply names the
+// operator; of the integer keys apply looks up a run of inserts by (key
+// BETWEEN low AND high) and of the ctid it finds a keyless row by.
+var shadowedOperators = [][2]string{{"=", "name, name"}, {"=", "name, text"}, {"=", "text, text"}, {"=", "oid, oid"},
+	{"=", "integer, integer"}, {"=", "character varying, character varying"}, {"=", "tid, tid"},
+	{">=", "integer, integer"}, {"<=", "integer, integer"}}
 
 // plantShadows makes, as owner (the database's owner, not a superuser),
 // schema evil with a function or operator for each of shadowedBuiltins and
-// shadowedEquals that tries to make owner a superuser and records its
+// shadowedOperators that tries to make owner a superuser and records its
 // call in evil.calls, then returns what the built-in would. A session
 // whose search_path is hijackingSearchPath resolves unqualified names in
 // evil first.
@@ -78,11 +81,12 @@ func plantShadows(t *testing.T, owner *pgx.Conn, role string) {
 			BEGIN PERFORM evil.trap('%s(%s)'); RETURN pg_catalog.%s(%s); END $f%d$`,
 			f[0], strings.Join(params, ", "), f[2], i, f[0], f[1], f[0], strings.Join(args, ", "), i))
 	}
-	for i, types := range shadowedEquals {
-		execSQL(t, owner, fmt.Sprintf(`CREATE FUNCTION evil.eq%d(%s) RETURNS boolean LANGUAGE plpgsql AS $e$
-			BEGIN PERFORM evil.trap('=(%s)'); RETURN $1 OPERATOR(pg_catalog.=) $2; END $e$`, i, types, types),
-			fmt.Sprintf(`CREATE OPERATOR evil.= (LEFTARG = %s, RIGHTARG = %s, FUNCTION = evil.eq%d)`,
-				strings.Split(types, ", ")[0], strings.Split(types, ", ")[1], i))
+	for i, op := range shadowedOperators {
+		name, types := op[0], op[1]
+		execSQL(t, owner, fmt.Sprintf(`CREATE FUNCTION evil.op%d(%s) RETURNS boolean LANGUAGE plpgsql AS $e$
+			BEGIN PERFORM evil.trap('%s(%s)'); RETURN $1 OPERATOR(pg_catalog.%s) $2; END $e$`, i, types, name, types, name),
+			fmt.Sprintf(`CREATE OPERATOR evil.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = evil.op%d)`,
+				name, strings.Split(types, ", ")[0], strings.Split(types, ", ")[1], i))
 	}
 }
 
@@ -189,6 +193,7 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 	waitApplied(t, target, systemIdentifier(t, srcAdmin), slot, 1, run)
 	execSQL(t, srcAdmin, `ALTER TABLE accounts ADD COLUMN note text`,
 		`INSERT INTO accounts VALUES (101, 'late', 1, 'after the snapshot')`,
+		`INSERT INTO accounts SELECT i, 'run ' || i, i, 'a run of inserts' FROM generate_series(102, 300) i`,
 		`UPDATE ledger SET amount = amount + 1 WHERE account <= 7`, // runs: statements of many rows
 		`DELETE FROM ledger WHERE account BETWEEN 90 AND 99`,
 		`UPDATE labels SET hits = hits + 1 WHERE hits <= 20`, // a run keyed by varchar
