@@ -43,25 +43,11 @@ func TestConsumeCanonicalKeepsItsSessionWarm(t *testing.T) {
 	require.NoError(t, c.Close())
 
 	target := connect(t, dstDSN)
-	// The kept backend is the one whose last statement reset it.
-	kept := func() []int32 {
-		rows, err := dst.Query(ctx, `SELECT pid FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'siphon' AND query = 'deallocate all'`)
-		require.NoError(t, err)
-		var pids []int32
-		for rows.Next() {
-			var pid int32
-			require.NoError(t, rows.Scan(&pid))
-			pids = append(pids, pid)
-		}
-		require.NoError(t, rows.Err())
-		return pids
-	}
 	require.NoError(t, target.ConsumeCanonical(ctx, bytes.NewReader(snap.Bytes())))
-	first := kept()
-	require.Len(t, first, 1, "the snapshot's session is kept")
+	first := target.KeptApplyPIDForTest()
+	require.NotZero(t, first, "the snapshot's session is kept")
 	require.NoError(t, target.ConsumeCanonical(ctx, bytes.NewReader(incrementals[0].Bytes())))
-	assert.Equal(t, first, kept(), "the first incremental applied on the snapshot's backend")
+	assert.Equal(t, first, target.KeptApplyPIDForTest(), "the first incremental applied on the snapshot's backend")
 	assert.Equal(t, 200, count(t, dst, "SELECT count(*) FROM t"))
 	assert.Equal(t, 0, count(t, dst, "SELECT count(*) FROM audit"), "siphon's rows fire no trigger")
 
@@ -72,11 +58,13 @@ func TestConsumeCanonicalKeepsItsSessionWarm(t *testing.T) {
 	assert.Equal(t, 300, count(t, dst, "SELECT count(*) FROM t"))
 
 	// A kept backend ended meanwhile: the next apply opens another.
-	execSQL(t, dst, "SELECT pg_terminate_backend("+strconv.Itoa(int(first[0]))+")")
-	waitFor(t, "the kept backend ended", func() bool { return len(kept()) == 0 })
+	execSQL(t, dst, "SELECT pg_terminate_backend("+strconv.Itoa(int(first))+")")
+	waitFor(t, "the kept backend ended", func() bool {
+		return count(t, dst, "SELECT count(*) FROM pg_stat_activity WHERE pid = "+strconv.Itoa(int(first))) == 0
+	})
 	require.NoError(t, target.ConsumeCanonical(ctx, bytes.NewReader(incrementals[1].Bytes())), "a new session, not the ended one")
-	second := kept()
-	require.Len(t, second, 1)
+	second := target.KeptApplyPIDForTest()
+	require.NotZero(t, second)
 	assert.NotEqual(t, first, second)
 	assert.Equal(t, 300, count(t, dst, "SELECT count(*) FROM t"), "applied once")
 	assert.Equal(t, 0, count(t, dst, "SELECT count(*) FROM audit"))
@@ -85,4 +73,37 @@ func TestConsumeCanonicalKeepsItsSessionWarm(t *testing.T) {
 
 	require.NoError(t, target.Close())
 	assertNoLeaks(t, dstDSN)
+}
+
+// TestKeptApplySessionStartsAfresh: the session an apply keeps carries
+// nothing of it into the next: not session_replication_role = replica
+// (which the apply set, as a role allowed to), not the apply's prepared
+// statements (pgx's caches are emptied with them: a cached statement the
+// server no longer has would fail the next apply on the session, which
+// TestConsumeCanonicalKeepsItsSessionWarm runs).
+func TestKeptApplySessionStartsAfresh(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srcDSN, src := newDatabase(t)
+	dstDSN, dst := newDatabase(t)
+	const table = `CREATE TABLE t (id int PRIMARY KEY, v text)`
+	execSQL(t, src, table, "INSERT INTO t SELECT g, 'row' FROM generate_series(1, 50) g")
+	execSQL(t, dst, table)
+	c, _ := streamConn(t, srcDSN)
+	var snap bytes.Buffer
+	_, err := c.EmitCanonical(ctx, nil, &snap)
+	require.NoError(t, err)
+	target := connect(t, dstDSN)
+	require.NoError(t, target.ConsumeCanonical(ctx, bytes.NewReader(snap.Bytes())))
+
+	conn := target.TakeKeptApplySessionForTest(ctx)
+	require.NotNil(t, conn)
+	defer conn.Close(ctx)
+	var role string
+	var prepared int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT current_setting('session_replication_role'),
+		(SELECT count(*) FROM pg_prepared_statements)`).Scan(&role, &prepared))
+	assert.Equal(t, "origin", role, "the apply's replica role was reset")
+	assert.Equal(t, 1, prepared, "only the statement just run: the apply's were deallocated")
+	assert.Equal(t, 50, count(t, dst, "SELECT count(*) FROM t"))
 }
