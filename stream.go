@@ -364,7 +364,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 			return res, err
 		}
 	}
-	start := cfg.from
+	start, confirmed := cfg.from, slot.confirmed
 	if goal, ok := c.catchUpGoal(st, boundary); ok {
 		caught, err := c.catchUp(ctx, st, options, goal)
 		if err != nil || !caught.caughtUp || caught.reachedBound {
@@ -374,6 +374,12 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		// What the catch-up delivered is handled: a failure (or a
 		// cancelled ctx) from here on returns its end, not the start.
 		res.resume = st.resumePos()
+		// The catch-up moved the slot.
+		moved, err := readSlotRow(ctx, c.pool, c.opts.slot)
+		if err != nil {
+			return setupFailed(ctx, res, fmt.Errorf("read slot %q: %w", c.opts.slot, err), res.resume)
+		}
+		confirmed = moved.confirmed
 	}
 	err = pglogrepl.StartReplication(ctx, conn, c.opts.slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
 		PluginArgs: replicationArgs(options),
@@ -382,7 +388,7 @@ func (c *Conn) stream(ctx context.Context, cfg streamConfig, emit func(canonical
 		return setupFailed(ctx, res, fmt.Errorf("start replication on slot %q: %w", c.opts.slot, err), res.resume)
 	}
 	c.log.Info("stream started", "slot", c.opts.slot, "from", start, "slot_position", slot.confirmed)
-	return c.run(ctx, conn, sock, st, timeout)
+	return c.run(ctx, conn, sock, st, confirmed, timeout)
 }
 
 // pluginOptions returns pgoutput's options, name and value in turn, for a
@@ -428,7 +434,7 @@ func (c *Conn) closeReplication(conn *pgconn.PgConn) {
 // run drives a started replication session: the wire reader decodes in its
 // goroutine, heartbeats are written in another, and this goroutine emits
 // and acknowledges. Both goroutines are joined before run returns.
-func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn, st *streamState, senderTimeout time.Duration) (streamResult, error) {
+func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn, st *streamState, confirmed canonical.Position, senderTimeout time.Duration) (streamResult, error) {
 	statusEvery := c.opts.statusInterval
 	// While emit holds the stream back the reader cannot see keepalives, so
 	// it sends status updates often enough for wal_sender_timeout alone.
@@ -440,7 +446,7 @@ func (c *Conn) run(ctx context.Context, conn *pgconn.PgConn, sock *coalesce.Conn
 	// the loop ends, a panicking emit included.
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	w := walwire.New(walwire.Config{
-		Conn: conn,
+		Conn: conn, Confirmed: confirmed,
 		Sock: sock,
 		Decoder: pgoutput.NewDecoder(func(rel *pgoutput.Relation, types map[uint32]pgoutput.TypeName) error {
 			return c.resolveColumns(runCtx, rel, types)

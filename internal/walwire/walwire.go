@@ -89,6 +89,9 @@ type Config struct {
 	// confirms it to the server in its status updates, once the
 	// walsender has reached it.
 	Acked *atomic.Uint64
+	// Confirmed is the slot's confirmed position as the session starts:
+	// the walsender counts as having reached it (see Reader.reported).
+	Confirmed canonical.Position
 	// Probing, while set, has the reader ask the server for a keepalive
 	// every probeEvery (the loop waits for the walsender to reach a
 	// position).
@@ -125,7 +128,8 @@ type Reader struct {
 	lastPing time.Time // when the last one came
 
 	// reached is the furthest WAL position the walsender's messages have
-	// named in this session (see reported).
+	// named in this session, or the slot's confirmed position at its start
+	// (see reported).
 	reached canonical.Position
 
 	// failed is set when the session broke or the server ended it: there
@@ -138,7 +142,7 @@ type Reader struct {
 func New(cfg Config) *Reader {
 	return &Reader{
 		conn: cfg.Conn, sock: cfg.Sock, dec: cfg.Decoder, acked: cfg.Acked, probing: cfg.Probing,
-		statusEvery: cfg.StatusEvery, keepAlive: cfg.KeepAlive,
+		statusEvery: cfg.StatusEvery, keepAlive: cfg.KeepAlive, reached: cfg.Confirmed,
 		out:  make(chan []Item, BatchesInFlight),
 		free: make(chan []Item, BatchesInFlight+2),
 		stop: make(chan struct{}),
@@ -255,8 +259,11 @@ func (w *Reader) timers() error {
 }
 
 // reported is the position the status updates confirm: the stream
-// loop's, but never past what the walsender has reached in this session
-// (zero before its first message, which confirms nothing).
+// loop's, but never past what the walsender has reached in this session,
+// and never before the slot's confirmed position at its start (which the
+// loop's is not either): a walsender takes a confirmation behind the
+// slot's position as it is, moving the slot back to a position no
+// transaction end or heartbeat names.
 //
 // A confirmation may move the slot's restart_lsn, and PostgreSQL keeps a
 // logical slot's candidate restart point in shared memory from one session
