@@ -199,20 +199,22 @@ type killedBackup struct {
 func killBackupChild(t *testing.T, env []string, database string, progress func() int64, killAt int64) killedBackup {
 	t.Helper()
 	cmd := childCmd("backup-kill", env...)
-	var stderr bytes.Buffer
+	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	var leader int
-	waitFor(t, "pg_dump starts", func() bool {
+	if !waitUntil(func() bool {
 		for _, p := range pgDumpProcesses(database) {
 			if p.ppid == cmd.Process.Pid {
 				leader = p.pid
 			}
 		}
 		return leader != 0 || len(exited) > 0
-	})
+	}) {
+		t.Fatalf("pg_dump did not start within %v\nthe child's stderr: %s", waitDeadline, stderr.String())
+	}
 	started := time.Now()
 	seen := map[int]bool{}
 	var dumped int64

@@ -581,6 +581,7 @@ func TestStreamInterruptionsDeliverExactlyOnce(t *testing.T) {
 		case errors.Is(err, siphon.ErrSlotInUse):
 			runs["slot in use"]++
 		default:
+			logResumeGap(t, killer, slot, err)
 			require.NoError(t, err, "unexpected error after runs %v", runs)
 		}
 		require.Equal(t, lastEnd, pos, "the returned position is the last handled transaction's end")
@@ -630,4 +631,58 @@ func uniq(xs []uint32) []uint32 {
 		}
 	}
 	return out
+}
+
+// logResumeGap logs, for a resume refused as behind the slot, the slot's
+// heartbeats that the WAL holds from the resume on (pg_walinspect), in WAL
+// order with their records' positions: which one moved the slot, and what
+// the stream read before it.
+func logResumeGap(t *testing.T, conn *pgx.Conn, slot string, err error) {
+	t.Helper()
+	var gap *siphon.ResumeGapError
+	if !errors.As(err, &gap) || gap.Reason != siphon.GapBehindSlot {
+		return
+	}
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect"); err != nil {
+		t.Logf("no pg_walinspect to show the WAL: %v", err)
+		return
+	}
+	var restart, confirmed, flush string
+	if err := conn.QueryRow(ctx, `SELECT restart_lsn::text, confirmed_flush_lsn::text, pg_current_wal_flush_lsn()::text
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&restart, &confirmed, &flush); err != nil {
+		t.Logf("read the slot: %v", err)
+		return
+	}
+	t.Logf("slot %s: restart_lsn %s, confirmed %s; resume from %v, confirmed when refused %v; WAL flushed to %s",
+		slot, restart, confirmed, gap.Requested, gap.Confirmed, flush)
+	rows, err := conn.Query(ctx, `SELECT start_lsn::text, end_lsn::text, description
+		FROM pg_get_wal_records_info(greatest($1::text::pg_lsn, $2::text::pg_lsn), least($3::text::pg_lsn + 16777216, $4::text::pg_lsn))
+		WHERE resource_manager = 'LogicalMessage' AND description LIKE '%siphon.heartbeat%'`,
+		gap.Requested.String(), restart, gap.Confirmed.String(), flush)
+	if err != nil {
+		t.Logf("read the WAL: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var start, end, desc string
+		if err := rows.Scan(&start, &end, &desc); err != nil {
+			t.Logf("read the WAL: %v", err)
+			return
+		}
+		_, payload, _ := strings.Cut(desc, "): ")
+		var content []byte
+		for _, b := range strings.Fields(payload) {
+			var v byte
+			fmt.Sscanf(b, "%02X", &v)
+			content = append(content, v)
+		}
+		if strings.Contains(string(content), `"`+slot+`"`) {
+			t.Logf("heartbeat record %s-%s: %s", start, end, content)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Logf("read the WAL: %v", err)
+	}
 }

@@ -30,8 +30,21 @@ const anchorMinAdvance = 8 << 10
 // published transaction lies between "last" and the message: the stream
 // acknowledges "at". A consumer that restarts from "last" (the Position of
 // its last OpCommit) finds the slot at "at"; the stream then reads that same
-// heartbeat first (it starts at "at") and accepts the resume instead of
+// heartbeat (it starts at "at") and accepts the resume instead of
 // reporting a gap.
+//
+// What a heartbeat's content says is taken only as far as the server's
+// own positions bear it out, since any role that may connect to the
+// source database can write a message with this prefix
+// (pg_logical_emit_message is granted to PUBLIC), and since heartbeats
+// need not reach the WAL in the order their "at" was read: a heartbeat
+// whose stream had ended, its statement cancelled, may still be written
+// by its backend after the next stream's. So a heartbeat is acknowledged
+// only when its "at" is at or before the message's own position (what it
+// claims is then what the stream read, wherever it came from), and a
+// resume is vouched for by the first heartbeat that names the slot's
+// position and a "last" at or before the resume; others are passed over
+// (see heartbeat).
 type heartbeatContent struct {
 	Slot string             `json:"slot"`
 	Last canonical.Position `json:"last"`
@@ -293,19 +306,23 @@ func (st *streamState) publishStats() {
 // heartbeat handles a heartbeat message read back from the stream.
 func (st *streamState) heartbeat(ch *canonical.Change) error {
 	var hb heartbeatContent
-	if json.Unmarshal(ch.Message.Content, &hb) != nil || hb.Slot != st.slot {
-		return nil // another slot's, or not siphon's
+	if json.Unmarshal(ch.Message.Content, &hb) != nil || hb.Slot != st.slot || hb.At > ch.Position {
+		// Another slot's, not siphon's, or one that names a position past
+		// its own: written by hand, never by a stream.
+		return nil
 	}
 	if st.pendingGap {
-		switch {
-		case hb.At == st.startConfirmed && hb.Last <= st.cfg.from:
+		if hb.At == st.startConfirmed && hb.Last <= st.cfg.from {
 			// This heartbeat moved the slot to where it stands, and nothing
 			// was published between from and it.
 			st.pendingGap = false
 			st.probing.Store(st.cfg.bound != 0)
-		case hb.At >= st.startConfirmed:
-			return st.gapError()
 		}
+		// Any other is passed over: a late one of an earlier stream, or
+		// one that does not vouch for from (the slot's own, when the
+		// consumer resumes from before what it handled), in which case
+		// no heartbeat does and the gap is reported when a transaction
+		// comes or the walsender has read up to probeEnd.
 		return nil
 	}
 	st.lastAnchorEnd = max(st.lastAnchorEnd, ch.Position)

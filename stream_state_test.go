@@ -127,6 +127,15 @@ func TestStreamStateAcknowledgement(t *testing.T) {
 		assert.Equal(t, canonical.Position(0x280), st.resumePos(), "the resume Position stays the last transaction's end")
 		assert.Len(t, *got, 3, "heartbeats are never emitted")
 	})
+	t.Run("a heartbeat naming a position past its own moves nothing", func(t *testing.T) {
+		// Any role may write a message with the heartbeat's prefix: one
+		// that claims the slot may move past WAL the stream has not read
+		// (the transactions there would be skipped by the next stream).
+		st, _ := newTestState(streamConfig{from: 0x100})
+		_, _, err := feed(st, heartbeatItem(t, 0x200, testSlot, 0x100, 0x201))
+		require.NoError(t, err)
+		assert.Equal(t, canonical.Position(0x100), st.ackedPos())
+	})
 }
 
 func TestStreamStateBound(t *testing.T) {
@@ -177,7 +186,7 @@ func TestStreamStateResumeBehindTheSlot(t *testing.T) {
 		st, got := pending()
 		_, _, err := feed(st, append([]walwire.Item{
 			messageItem(0x150, false, "app", nil), // before the resume is vouched for: skipped
-			heartbeatItem(t, 0x1f0, testSlot, 0x100, 0x200),
+			heartbeatItem(t, 0x230, testSlot, 0x100, 0x200),
 		}, txItems(0x300, 0x380, "t")...)...)
 		require.NoError(t, err)
 		assert.False(t, st.pendingGap)
@@ -190,8 +199,36 @@ func TestStreamStateResumeBehindTheSlot(t *testing.T) {
 		assert.Empty(t, *got)
 	})
 	t.Run("a heartbeat past the slot that does not vouch is a gap", func(t *testing.T) {
+		// The slot's own heartbeat, written when the consumer had handled
+		// more than it resumes from: passed over, and the probe's end
+		// reports the gap.
 		st, _ := pending()
 		_, _, err := feed(st, heartbeatItem(t, 0x2f0, testSlot, 0x180, 0x200))
+		require.NoError(t, err)
+		assert.True(t, st.pendingGap)
+		_, _, err = feed(st, walwire.Item{Kind: walwire.KindKeepalive, WALEnd: 0x400})
+		gapped(t, err)
+	})
+	t.Run("a later heartbeat read first does not hide the one that vouches", func(t *testing.T) {
+		// A stream's last heartbeat, its statement cancelled as the stream
+		// ended, may be written by its backend after the next stream took
+		// the WAL insert position for its own: it names a later position
+		// and is written before.
+		st, got := pending()
+		_, _, err := feed(st, append([]walwire.Item{
+			heartbeatItem(t, 0x210, testSlot, 0x100, 0x208),
+			heartbeatItem(t, 0x220, testSlot, 0x100, 0x200),
+		}, txItems(0x300, 0x380, "t")...)...)
+		require.NoError(t, err)
+		assert.False(t, st.pendingGap)
+		assert.Len(t, *got, 3)
+	})
+	t.Run("a heartbeat naming a position past its own vouches for nothing", func(t *testing.T) {
+		st, _ := pending()
+		_, _, err := feed(st, heartbeatItem(t, 0x1f0, testSlot, 0x100, 0x200))
+		require.NoError(t, err)
+		assert.True(t, st.pendingGap)
+		_, _, err = feed(st, txItems(0x300, 0x380, "t")...)
 		gapped(t, err)
 	})
 	t.Run("reading past the probe's end without the heartbeat is a gap", func(t *testing.T) {
