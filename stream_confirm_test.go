@@ -110,7 +110,10 @@ func TestStreamReturnsOnceTheServerConfirmed(t *testing.T) {
 // the restart point ahead of its reading, and a checkpoint would remove
 // the WAL it is reading ("requested WAL segment ... has already been
 // removed"). It confirms nothing past what its walsender has reached, and
-// succeeds.
+// succeeds. Nor does it confirm anything behind the slot's position while
+// its walsender reads up to it: the keepalives it asks for meanwhile (to
+// find its bound) name how far the walsender has read, and a walsender
+// takes a confirmation behind the slot's position as it is.
 func TestStreamConfirmsOnlyWhatItsWalsenderRead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -143,11 +146,25 @@ func TestStreamConfirmsOnlyWhatItsWalsenderRead(t *testing.T) {
 
 	checkpoints, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	checkpointer := connectOrFail(t, dsn)
+	checkpointer, watcher := connectOrFail(t, dsn), connectOrFail(t, dsn)
+	confirmed := slotConfirmed(t, admin, slot)
+	lowest := confirmed
 	go func() {
 		defer close(done)
 		for checkpoints.Err() == nil {
 			checkpointer.Exec(checkpoints, "CHECKPOINT")
+		}
+	}()
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for checkpoints.Err() == nil {
+			var lsn string
+			if watcher.QueryRow(checkpoints, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&lsn) == nil {
+				if pos, err := canonical.ParsePosition(lsn); err == nil {
+					lowest = min(lowest, pos)
+				}
+			}
 		}
 	}()
 	execSQL(t, admin, "INSERT INTO t VALUES (2)")
@@ -155,7 +172,9 @@ func TestStreamConfirmsOnlyWhatItsWalsenderRead(t *testing.T) {
 	_, err = c.BackupIncremental(ctx, next, &out)
 	stop()
 	<-done
+	<-watched
 	require.NoError(t, err, "the second incremental reads from the old restart_lsn")
+	assert.Equal(t, confirmed, lowest, "the slot never stood behind its position while the walsender read up to it")
 	assert.Equal(t, []string{"2"}, insertedIDs(t, decodeChanges(t, out.Bytes())))
 	moved, _ := restart()
 	assert.Greater(t, moved, old, "the slot's restart_lsn moves once the walsender has read past it")
