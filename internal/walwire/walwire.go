@@ -90,7 +90,8 @@ type Config struct {
 	// walsender has reached it.
 	Acked *atomic.Uint64
 	// Confirmed is the slot's confirmed position as the session starts:
-	// the walsender counts as having reached it (see Reader.reported).
+	// the status updates confirm it until they can confirm an acknowledged
+	// position (see Reader.reported).
 	Confirmed canonical.Position
 	// Probing, while set, has the reader ask the server for a keepalive
 	// every probeEvery (the loop waits for the walsender to reach a
@@ -128,9 +129,11 @@ type Reader struct {
 	lastPing time.Time // when the last one came
 
 	// reached is the furthest WAL position the walsender's messages have
-	// named in this session, or the slot's confirmed position at its start
+	// named in this session; confirmable is the position the status
+	// updates confirm: the slot's at the session's start, or the last
+	// acknowledged position the walsender had reached when it was read
 	// (see reported).
-	reached canonical.Position
+	reached, confirmable canonical.Position
 
 	// failed is set when the session broke or the server ended it: there
 	// is no session left to confirm the final position on. Read it only
@@ -142,7 +145,7 @@ type Reader struct {
 func New(cfg Config) *Reader {
 	return &Reader{
 		conn: cfg.Conn, sock: cfg.Sock, dec: cfg.Decoder, acked: cfg.Acked, probing: cfg.Probing,
-		statusEvery: cfg.StatusEvery, keepAlive: cfg.KeepAlive, reached: cfg.Confirmed,
+		statusEvery: cfg.StatusEvery, keepAlive: cfg.KeepAlive, confirmable: cfg.Confirmed,
 		out:  make(chan []Item, BatchesInFlight),
 		free: make(chan []Item, BatchesInFlight+2),
 		stop: make(chan struct{}),
@@ -258,28 +261,37 @@ func (w *Reader) timers() error {
 	return nil
 }
 
-// reported is the position the status updates confirm: the stream
-// loop's, but never past what the walsender has reached in this session,
-// and never before the slot's confirmed position at its start (which the
-// loop's is not either): a walsender takes a confirmation behind the
-// slot's position as it is, moving the slot back to a position no
-// transaction end or heartbeat names.
+// reported is the position the status updates confirm: the last
+// position the stream loop acknowledged that the walsender has reached in
+// this session, or the slot's confirmed position at the session's start
+// until there is one. Only these: a position acknowledged is one a resume
+// can be vouched for from (a transaction's end, a heartbeat's position),
+// and the slot's own was one. Confirming the walsender's reach instead,
+// when the acknowledged position lies past it (the SQL catch-up read
+// ahead of it), would put the slot at a position nothing vouches for, so
+// that a consumer resuming from its last transaction, behind it, would be
+// refused; and a position behind the slot's, which a walsender reading
+// up from the slot's restart_lsn names in its keepalives, would move the
+// slot back, as a walsender takes it as it is.
 //
-// A confirmation may move the slot's restart_lsn, and PostgreSQL keeps a
-// logical slot's candidate restart point in shared memory from one session
-// to the next: one that a previous session found past the position it
-// confirmed is taken up by the first confirmation that reaches its
-// record, whether or not the walsender of the new session has read that
-// far. The new walsender starts reading at the old restart_lsn, so a
-// checkpoint right then removes WAL it is still reading ("requested WAL
-// segment ... has already been removed", a stream that fails, and an
-// incremental backup from a Position past the slot's). Confirming nothing
-// past what the walsender's messages have named keeps the restart point
-// behind its reading: a message names at most how far it has read, or
-// the slot's confirmed position at the session's start, which no stale
-// candidate's record is at or before.
+// Why nothing past the walsender's reach: a confirmation may move the
+// slot's restart_lsn, and PostgreSQL keeps a logical slot's candidate
+// restart point in shared memory from one session to the next: one that a
+// previous session found past the position it confirmed is taken up by
+// the first confirmation that reaches its record, whether or not the
+// walsender of the new session has read that far. The new walsender
+// starts reading at the old restart_lsn, so a checkpoint right then
+// removes WAL it is still reading ("requested WAL segment ... has already
+// been removed", a stream that fails, and an incremental backup from a
+// Position past the slot's). Confirming nothing past what the walsender's
+// messages have named keeps the restart point behind its reading: a
+// message names at most how far it has read, and the slot's confirmed
+// position at the session's start is before any stale candidate's record.
 func (w *Reader) reported() canonical.Position {
-	return min(canonical.Position(w.acked.Load()), w.reached)
+	if acked := canonical.Position(w.acked.Load()); acked <= w.reached {
+		w.confirmable = max(w.confirmable, acked)
+	}
+	return w.confirmable
 }
 
 // sendStatus confirms the reported position, as write, flush and apply
