@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"syscall"
 	"testing"
 	"time"
@@ -178,4 +179,83 @@ func TestStreamConfirmsOnlyWhatItsWalsenderRead(t *testing.T) {
 	assert.Equal(t, []string{"2"}, insertedIDs(t, decodeChanges(t, out.Bytes())))
 	moved, _ := restart()
 	assert.Greater(t, moved, old, "the slot's restart_lsn moves once the walsender has read past it")
+}
+
+// TestStreamEndingBehindTheCatchUpLeavesAResumableSlot: a stream catches
+// up through the SQL interface over heartbeats written while its consumer
+// was idle (siphon's own, as a stream writes them: the last transaction
+// handled and the WAL insert position), the last of them past some 64 MB
+// of WAL of a table not published, and acknowledges the last one's
+// position; the slot is not moved there meanwhile (a status interval of
+// an hour). The walsender that takes over reads from the slot's position,
+// and the stream ends while it reads the unpublished WAL, past the first
+// heartbeats but short of the last. The consumer resumes from its last
+// transaction and gets what follows. Before, the stream confirmed how far
+// its walsender had read, a position no heartbeat names, and the resume
+// was refused as behind the slot.
+func TestStreamEndingBehindTheCatchUpLeavesAResumableSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := siphontest.Start(t, siphontest.WithPrivateServer())
+	dsn := srv.NewDatabase(t)
+	admin := connectOrFail(t, dsn)
+	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)", "CREATE TABLE unpublished (pad text)")
+	logs := &logRecorder{}
+	c, slot, start := streamConnAt(t, dsn, siphon.WithTables("t"), siphon.WithStatusInterval(time.Hour), siphon.WithLogger(logs.logger()))
+	c.SetCatchUpForTest(siphon.CatchUpForTest{StartAt: 1 << 20})
+
+	execSQL(t, admin, "INSERT INTO t VALUES (1)")
+	emitMarker(t, admin, "one")
+	_, handled := streamUntil(t, c, start, "one")
+	heartbeat := func() canonical.Position {
+		var at string
+		require.NoError(t, admin.QueryRow(ctx, `SELECT pg_logical_emit_message(false, 'siphon.heartbeat',
+			json_build_object('slot', $1::text, 'last', $2::text, 'at', pg_current_wal_insert_lsn()::text)::text)::text`,
+			slot, handled.String()).Scan(&at))
+		pos, err := canonical.ParsePosition(at)
+		require.NoError(t, err)
+		return pos
+	}
+	var firstEnd canonical.Position
+	for range 20 {
+		execSQL(t, admin, "INSERT INTO unpublished VALUES ('x')")
+		firstEnd = heartbeat()
+	}
+	execSQL(t, admin, "INSERT INTO unpublished SELECT repeat('x', 900) FROM generate_series(1, 60000)")
+	lastEnd := heartbeat()
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.StreamChanges(runCtx, handled, func(canonical.Change) error { return nil })
+		done <- err
+	}()
+	waitFor(t, "the catch-up hands over to the walsender", func() bool { return len(logs.find(slog.LevelInfo, catchUpSwitched)) > 0 })
+	// Ended once the walsender has sent what follows the first heartbeats,
+	// before it reaches the last.
+	var sent canonical.Position
+	waitFor(t, "the walsender reads past the first heartbeats", func() bool {
+		var lsn *string
+		err := admin.QueryRow(ctx, `SELECT r.sent_lsn::text FROM pg_stat_replication r
+			JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, slot).Scan(&lsn)
+		if err != nil || lsn == nil {
+			return false
+		}
+		sent, err = canonical.ParsePosition(*lsn)
+		return err == nil && sent >= firstEnd
+	})
+	cancel()
+	require.NoError(t, <-done)
+	if sent >= lastEnd {
+		t.Skipf("the walsender read all %v of WAL before the stream ended: nothing to check", lastEnd-firstEnd)
+	}
+
+	execSQL(t, admin, "INSERT INTO t VALUES (2)")
+	emitMarker(t, admin, "two")
+	changes, _ := streamUntil(t, c, handled, "two")
+	assert.Equal(t, []string{"2"}, insertedIDs(t, changes), "the resume from the last transaction handled gets what follows")
+
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot)
 }
