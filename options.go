@@ -160,6 +160,9 @@ func WithStatusInterval(d time.Duration) Option { return func(o *options) { o.st
 // still written on demand, when nothing is in flight and the server's WAL
 // has moved on past the acknowledged position; the interval adds a steady
 // beat for servers with no traffic at all. Defaults to 0: on demand only.
+// Any role that may connect to the source database can write a message
+// with this prefix: one moves the slot no further than the message itself,
+// which the stream has read (see SECURITY.md).
 func WithHeartbeat(d time.Duration) Option { return func(o *options) { o.heartbeat = d } }
 
 // WithMeterProvider makes the Conn report metrics through mp, an
