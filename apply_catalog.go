@@ -86,12 +86,12 @@ const (
 // their types, and their place in the primary key and in the replica
 // identity index (int2vector subscripts start at 0, hence + 1).
 const targetTableQuery = `
-SELECT c.relkind = 'p', a.attname, a.atttypid::int8, t.typarray::int8, format_type(a.atttypid, a.atttypmod),
+SELECT c.relkind = 'p', a.attname, a.atttypid::int8, t.typarray::int8, pg_catalog.format_type(a.atttypid, a.atttypmod),
        a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '',
        a.attgenerated <> '', a.attidentity = 'a',
        coalesce((bt.typtype = 'e' OR bt.oid::int8 = ANY ($3::int8[])) AND coalesce(co.collisdeterministic, true), false),
-       coalesce(array_position(pk.indkey::int2[], a.attnum) + 1, 0),
-       coalesce(array_position(ri.indkey::int2[], a.attnum) + 1, 0),
+       coalesce(pg_catalog.array_position(pk.indkey::int2[], a.attnum) + 1, 0),
+       coalesce(pg_catalog.array_position(ri.indkey::int2[], a.attnum) + 1, 0),
        coalesce((SELECT 'OPERATOR(' || pg_catalog.quote_ident(opn.nspname) || '.' || o.oprname || ')'
                  FROM pg_catalog.pg_opclass oc
                  JOIN pg_catalog.pg_am am ON am.oid = oc.opcmethod AND am.amname = 'btree'
@@ -164,9 +164,9 @@ const truncatedParentsQuery = `
 WITH listed AS (
   SELECT c.oid FROM unnest($1::text[], $2::text[]) AS u(s, n)
   JOIN pg_namespace ns ON ns.nspname = u.s JOIN pg_class c ON c.relnamespace = ns.oid AND c.relname = u.n),
-parents AS (SELECT DISTINCT a.relid FROM listed l CROSS JOIN LATERAL pg_partition_ancestors(l.oid) a WHERE a.relid <> l.oid)
+parents AS (SELECT DISTINCT a.relid FROM listed l CROSS JOIN LATERAL pg_catalog.pg_partition_ancestors(l.oid) a WHERE a.relid <> l.oid)
 SELECT n.nspname, c.relname FROM parents p JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE NOT EXISTS (SELECT FROM pg_partition_tree(p.relid) t WHERE t.isleaf AND t.relid NOT IN (SELECT oid FROM listed))
+WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_partition_tree(p.relid) t WHERE t.isleaf AND t.relid NOT IN (SELECT oid FROM listed))
 ORDER BY 1, 2`
 
 // truncatedParents returns the partitioned tables that a TRUNCATE of

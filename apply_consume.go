@@ -588,7 +588,7 @@ func (s *applySession) prepare(ctx context.Context, st *statement) error {
 func (s *applySession) finishTransaction(pos canonical.Position, at time.Time) {
 	s.track.queueRecord(&s.q, pos, at)
 	if s.track.origin {
-		s.q.addSQL("SELECT pg_current_xact_id()", "assign a transaction id")
+		s.q.addSQL("SELECT pg_catalog.pg_current_xact_id()", "assign a transaction id")
 	}
 	s.q.addSQL("COMMIT", "commit")
 }

@@ -187,7 +187,7 @@ func (cc *changeConsumer) keysExist(ctx context.Context, b *binding, rows []cano
 		var inRange bool
 		var largest *int64
 		cc.s.q.add(&statement{
-			sql:  "SELECT EXISTS (SELECT FROM " + b.quoted + " WHERE " + k.quoted + " BETWEEN $1 AND $2), (SELECT max(" + k.quoted + ")::int8 FROM " + b.quoted + ")",
+			sql:  "SELECT EXISTS (SELECT FROM " + b.quoted + " WHERE " + k.quoted + " BETWEEN $1 AND $2), (SELECT pg_catalog.max(" + k.quoted + ")::int8 FROM " + b.quoted + ")",
 			oids: []uint32{k.typeOID, k.typeOID},
 		}, stmtOwner{label: "look up the key range of inserts into " + b.source.String(), onRow: func(v [][]byte) {
 			inRange = string(v[0]) == "t"
@@ -307,11 +307,14 @@ func (b *binding) keyCheck() *statement {
 			params.WriteString(", ")
 			names.WriteString(", ")
 		}
-		fmt.Fprintf(&params, "$%d", i+1)
+		fmt.Fprintf(&params, "pg_catalog.unnest($%d)", i+1)
 		fmt.Fprintf(&names, "k%d", i)
 		fmt.Fprintf(&on, "t.%s %s k.k%d", b.cols[k].quoted, b.cols[k].eq, i)
 	}
-	st.sql = "SELECT EXISTS (SELECT FROM " + b.quoted + " t JOIN unnest(" + params.String() + ") AS k(" +
+	// ROWS FROM of one unnest per array, as unnest(a, b) in FROM reads:
+	// a bare unnest of one array would find a closer match than
+	// pg_catalog's polymorphic one in a schema of the DSN's search_path.
+	st.sql = "SELECT EXISTS (SELECT FROM " + b.quoted + " t JOIN ROWS FROM (" + params.String() + ") AS k(" +
 		names.String() + ") ON " + on.String() + ")"
 	return st
 }

@@ -82,9 +82,9 @@ type tracker struct {
 // the capture).
 const applyEnvQuery = `
 SELECT d.oid::int8,
-       coalesce(current_setting('max_active_replication_origins', true), current_setting('max_replication_slots'))::int > 0
-       AND NOT pg_is_in_recovery() AND
-       (SELECT count(*) = 6 AND bool_and(has_function_privilege(p.oid, 'EXECUTE'))
+       coalesce(pg_catalog.current_setting('max_active_replication_origins', true), pg_catalog.current_setting('max_replication_slots'))::int > 0
+       AND NOT pg_catalog.pg_is_in_recovery() AND
+       (SELECT pg_catalog.count(*) = 6 AND pg_catalog.bool_and(pg_catalog.has_function_privilege(p.oid, 'EXECUTE'))
         FROM pg_proc p
         WHERE p.pronamespace = 'pg_catalog'::regnamespace
           AND p.proname IN ('pg_replication_origin_create', 'pg_replication_origin_oid',
@@ -92,7 +92,7 @@ SELECT d.oid::int8,
                             'pg_replication_origin_xact_setup', 'pg_replication_origin_progress')),
        EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                WHERE n.nspname = 'siphon' AND c.relname = 'applied_position')
-FROM pg_database d WHERE d.datname = current_database()`
+FROM pg_database d WHERE d.datname = pg_catalog.current_database()`
 
 // applyEnv is what the target offers for keeping the applied Position.
 type applyEnv struct {
@@ -128,7 +128,7 @@ func setupTracker(ctx context.Context, conn *pgx.Conn, env applyEnv, key string)
 		}
 	}
 	var locked bool
-	err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1::int4, hashtext($2))", applyLockClass, t.name).Scan(&locked)
+	err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_try_advisory_lock($1::int4, pg_catalog.hashtext($2))", applyLockClass, t.name).Scan(&locked)
 	if err != nil {
 		return t, fmt.Errorf("lock the source: %w", err)
 	}
@@ -142,21 +142,21 @@ func setupTracker(ctx context.Context, conn *pgx.Conn, env applyEnv, key string)
 // lock, so that the source can be applied again at once (a closed
 // session's backend may take a moment to go).
 func (t tracker) release(ctx context.Context, conn *pgx.Conn) error {
-	sql := "SELECT pg_advisory_unlock($1::int4, hashtext($2))"
+	sql := "SELECT pg_catalog.pg_advisory_unlock($1::int4, pg_catalog.hashtext($2))"
 	args := []any{applyLockClass, t.name}
 	if t.origin {
-		sql, args = "SELECT pg_replication_origin_session_reset()", nil
+		sql, args = "SELECT pg_catalog.pg_replication_origin_session_reset()", nil
 	}
 	_, err := conn.Exec(ctx, sql, args...)
 	return err
 }
 
 func setupOrigin(ctx context.Context, conn *pgx.Conn, name string) error {
-	_, err := conn.Exec(ctx, "SELECT pg_replication_origin_create($1) WHERE pg_replication_origin_oid($1) IS NULL", name)
+	_, err := conn.Exec(ctx, "SELECT pg_catalog.pg_replication_origin_create($1) WHERE pg_catalog.pg_replication_origin_oid($1) IS NULL", name)
 	if err != nil && !pgerr.Is(err, pgerrcode.UniqueViolation) { // created meanwhile by another session
 		return fmt.Errorf("create replication origin %q: %w", name, err)
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_replication_origin_session_setup($1)", name); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_catalog.pg_replication_origin_session_setup($1)", name); err != nil {
 		if pgerr.Is(err, pgerrcode.ObjectInUse) {
 			return fmt.Errorf("%w (replication origin %q: %s)", ErrApplyInProgress, name, pgerr.Message(err))
 		}
@@ -174,14 +174,14 @@ func setupOrigin(ctx context.Context, conn *pgx.Conn, name string) error {
 // sessions doing the same.
 func createBookkeeping(ctx context.Context, conn *pgx.Conn) error {
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int4, 0)", applyLockClass); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_catalog.pg_advisory_xact_lock($1::int4, 0)", applyLockClass); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS siphon;
 			CREATE TABLE IF NOT EXISTS siphon.applied_position (
 				origin text PRIMARY KEY,
 				position pg_lsn NOT NULL,
-				updated_at timestamptz NOT NULL DEFAULT now())`)
+				updated_at timestamptz NOT NULL DEFAULT pg_catalog.now())`)
 		return err
 	})
 	if err != nil {
@@ -198,9 +198,9 @@ func (t tracker) queueRecord(q *stmtQueue, pos canonical.Position, at time.Time)
 	q.params.reset()
 	var st *statement
 	if t.origin {
-		st = &statement{sql: "SELECT pg_replication_origin_xact_setup($1, coalesce($2, now()))", oids: []uint32{pgLSNOID, pgtype.TimestamptzOID}}
+		st = &statement{sql: "SELECT pg_catalog.pg_replication_origin_xact_setup($1, coalesce($2, pg_catalog.now()))", oids: []uint32{pgLSNOID, pgtype.TimestamptzOID}}
 	} else {
-		st = &statement{sql: `INSERT INTO siphon.applied_position (origin, position, updated_at) VALUES ($3, $1, coalesce($2, now()))
+		st = &statement{sql: `INSERT INTO siphon.applied_position (origin, position, updated_at) VALUES ($3, $1, coalesce($2, pg_catalog.now()))
 			ON CONFLICT (origin) DO UPDATE SET position = EXCLUDED.position, updated_at = EXCLUDED.updated_at`,
 			oids: []uint32{pgLSNOID, pgtype.TimestamptzOID, pgtype.TextOID}}
 	}
@@ -223,8 +223,8 @@ func readProgress(ctx context.Context, q querier, env applyEnv, key string) (can
 	var best canonical.Position
 	if env.origins {
 		var lsn *string
-		err := q.QueryRow(ctx, `SELECT CASE WHEN pg_replication_origin_oid($1) IS NOT NULL
-			THEN pg_replication_origin_progress($1, false)::text END`, originPrefix(env.dbOID)+key).Scan(&lsn)
+		err := q.QueryRow(ctx, `SELECT CASE WHEN pg_catalog.pg_replication_origin_oid($1) IS NOT NULL
+			THEN pg_catalog.pg_replication_origin_progress($1, false)::text END`, originPrefix(env.dbOID)+key).Scan(&lsn)
 		if err != nil {
 			return 0, fmt.Errorf("read the replication origin's progress: %w", err)
 		}
@@ -234,7 +234,7 @@ func readProgress(ctx context.Context, q querier, env applyEnv, key string) (can
 	}
 	if env.bookkeeping {
 		var lsn *string
-		err := q.QueryRow(ctx, "SELECT max(position)::text FROM siphon.applied_position WHERE origin = $1", bookkeepingPrefix+key).Scan(&lsn)
+		err := q.QueryRow(ctx, "SELECT pg_catalog.max(position)::text FROM siphon.applied_position WHERE origin = $1", bookkeepingPrefix+key).Scan(&lsn)
 		if err != nil {
 			return 0, fmt.Errorf("read siphon.applied_position: %w", err)
 		}
@@ -381,14 +381,14 @@ func (c *Conn) listApplied(ctx context.Context) ([]AppliedSource, error) {
 		return nil
 	}
 	if env.origins {
-		err := collect(`SELECT roname, pg_replication_origin_progress(roname, false)::text, NULL::timestamptz
-			FROM pg_replication_origin WHERE starts_with(roname, $1)`, originPrefix(env.dbOID))
+		err := collect(`SELECT roname, pg_catalog.pg_replication_origin_progress(roname, false)::text, NULL::timestamptz
+			FROM pg_replication_origin WHERE pg_catalog.starts_with(roname, $1)`, originPrefix(env.dbOID))
 		if err != nil {
 			return nil, fmt.Errorf("read replication origins: %w", err)
 		}
 	}
 	if env.bookkeeping {
-		err := collect(`SELECT origin, position::text, updated_at FROM siphon.applied_position WHERE starts_with(origin, $1)`, bookkeepingPrefix)
+		err := collect(`SELECT origin, position::text, updated_at FROM siphon.applied_position WHERE pg_catalog.starts_with(origin, $1)`, bookkeepingPrefix)
 		if err != nil {
 			return nil, fmt.Errorf("read siphon.applied_position: %w", err)
 		}
@@ -500,7 +500,7 @@ func dropOrigin(ctx context.Context, q querier, name string) error {
 	if !exists {
 		return nil
 	}
-	_, err := q.Exec(ctx, "SELECT pg_replication_origin_drop($1)", name)
+	_, err := q.Exec(ctx, "SELECT pg_catalog.pg_replication_origin_drop($1)", name)
 	switch {
 	case pgerr.Is(err, pgerrcode.ObjectInUse):
 		return fmt.Errorf("%w (%s)", ErrApplyInProgress, pgerr.Message(err))
@@ -638,7 +638,7 @@ func (c *Conn) SweepOrphanOrigins(ctx context.Context) (int, error) {
 		}
 	}()
 	for _, name := range names {
-		_, err := c.pool.Exec(ctx, "SELECT pg_replication_origin_drop($1)", name)
+		_, err := c.pool.Exec(ctx, "SELECT pg_catalog.pg_replication_origin_drop($1)", name)
 		switch {
 		case err == nil:
 			dropped = append(dropped, name)

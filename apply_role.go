@@ -36,7 +36,7 @@ type applyRole struct {
 func (c *Conn) readApplyRole(ctx context.Context, q querier) (applyRole, error) {
 	var r applyRole
 	var allowed bool
-	err := q.QueryRow(ctx, "SELECT has_parameter_privilege('session_replication_role', 'SET'), current_user").Scan(&allowed, &r.role)
+	err := q.QueryRow(ctx, "SELECT pg_catalog.has_parameter_privilege('session_replication_role', 'SET'), current_user").Scan(&allowed, &r.role)
 	if err != nil {
 		return r, fmt.Errorf("read the target role's privileges: %w", err)
 	}

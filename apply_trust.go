@@ -107,9 +107,9 @@ func roleDependent(stmt string) bool {
 // role: it exists on the target and session_user (whose membership SET
 // ROLE checks) is a superuser or may set it (MEMBER before PostgreSQL 16,
 // the SET option since).
-const identitySQL = `SELECT current_setting('role'), coalesce((
+const identitySQL = `SELECT pg_catalog.current_setting('role'), coalesce((
   SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = session_user)
-      OR CASE WHEN current_setting('server_version_num')::int >= 160000
+      OR CASE WHEN pg_catalog.current_setting('server_version_num')::int >= 160000
               THEN pg_catalog.pg_has_role(session_user, r.oid, 'SET')
               ELSE pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') END
   FROM pg_catalog.pg_roles r WHERE r.rolname = $1), false)`

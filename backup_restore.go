@@ -147,7 +147,7 @@ func (c *Conn) findRestore(ctx context.Context, bin string, h canonical.Envelope
 // ends with fix, a target database ("" for the Conn's) that holds
 // relations other than extensions' and siphon's.
 func (c *Conn) checkTargetEmpty(ctx context.Context, database, fix string) error {
-	const query = `SELECT coalesce(array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY n.nspname, c.relname), '{}')
+	const query = `SELECT coalesce(pg_catalog.array_agg(pg_catalog.format('%I.%I', n.nspname, c.relname) ORDER BY n.nspname, c.relname), '{}')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND ` + inUserSchema + ` AND ` + notOfExtension
 	var q interface {

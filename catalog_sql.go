@@ -15,9 +15,9 @@ const (
 // indexColumns selects, in key order, the column names of table c's index
 // that matches the condition appended to it; primaryKeyColumns and
 // identityIndexColumns complete it.
-const indexColumns = `coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
+const indexColumns = `coalesce((SELECT pg_catalog.array_agg(a.attname ORDER BY k.ord)
                  FROM pg_index i
-                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                 CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
                  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
                  WHERE i.indrelid = c.oid AND i.`
 

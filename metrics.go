@@ -166,8 +166,8 @@ func newMeters(c *Conn, mp metric.MeterProvider) (*meters, error) {
 func (c *Conn) observeRetainedWAL(ctx context.Context, o metric.Observer, g metric.Int64ObservableGauge, database attribute.KeyValue) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	rows, err := c.pool.Query(ctx, `SELECT slot_name::text, coalesce(pg_wal_lsn_diff(
-		  CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() ELSE pg_current_wal_insert_lsn() END, restart_lsn), 0)::int8
+	rows, err := c.pool.Query(ctx, `SELECT slot_name::text, coalesce(pg_catalog.pg_wal_lsn_diff(
+		  CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_receive_lsn() ELSE pg_catalog.pg_current_wal_insert_lsn() END, restart_lsn), 0)::int8
 		FROM pg_replication_slots WHERE slot_name = $1 OR slot_name ~ $2`, c.opts.slot, anyBaseSlotPattern.String())
 	if err != nil {
 		return

@@ -26,11 +26,11 @@ type serverFacts struct {
 func (c *Conn) readServerFacts(ctx context.Context) (serverFacts, error) {
 	var f serverFacts
 	schemas, names := nameArrays(c.tables)
-	err := c.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('server_version'),
-		current_setting('server_encoding'), current_setting('wal_level'),
-		coalesce(current_setting('idle_replication_slot_timeout', true), ''),
-		coalesce((SELECT array_agg(format('%I.%I', u.s, u.n)) FROM unnest($1::text[], $2::text[]) AS u(s, n)
-		          WHERE to_regclass(format('%I.%I', u.s, u.n)) IS NULL), '{}')`, schemas, names).
+	err := c.pool.QueryRow(ctx, `SELECT pg_catalog.current_setting('server_version_num')::int, pg_catalog.current_setting('server_version'),
+		pg_catalog.current_setting('server_encoding'), pg_catalog.current_setting('wal_level'),
+		coalesce(pg_catalog.current_setting('idle_replication_slot_timeout', true), ''),
+		coalesce((SELECT pg_catalog.array_agg(pg_catalog.format('%I.%I', u.s, u.n)) FROM unnest($1::text[], $2::text[]) AS u(s, n)
+		          WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', u.s, u.n)) IS NULL), '{}')`, schemas, names).
 		Scan(&f.versionNum, &f.version, &f.encoding, &f.walLevel, &f.idleSlotTimeout, &f.missing)
 	return f, err
 }
@@ -157,9 +157,9 @@ func (c *Conn) capacityChecks(ctx context.Context) ([]Check, error) {
 	var maxSlots, usedSlots, maxSenders, usedSenders int
 	var keep string
 	var haveSlot bool
-	err := c.pool.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots),
-		current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender'),
-		current_setting('max_slot_wal_keep_size'), EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, c.opts.slot).
+	err := c.pool.QueryRow(ctx, `SELECT pg_catalog.current_setting('max_replication_slots')::int, (SELECT pg_catalog.count(*) FROM pg_replication_slots),
+		pg_catalog.current_setting('max_wal_senders')::int, (SELECT pg_catalog.count(*) FROM pg_stat_activity WHERE backend_type = 'walsender'),
+		pg_catalog.current_setting('max_slot_wal_keep_size'), EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, c.opts.slot).
 		Scan(&maxSlots, &usedSlots, &maxSenders, &usedSenders, &keep, &haveSlot)
 	if err != nil {
 		return nil, err

@@ -70,10 +70,10 @@ WITH me AS (SELECT rolname, rolsuper OR rolbypassrls AS bypass FROM pg_roles WHE
 SELECT me.rolname, NULL::text, NULL::text, false, NULL::text, NULL::text, me.bypass, false, false FROM me
 UNION ALL
 SELECT n.nspname, c.relname, c.relkind::text, c.relkind = 'S', o.nspname, o.relname,
-       has_schema_privilege(n.oid, 'USAGE'),
-       CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(c.oid, 'SELECT') ELSE has_table_privilege(c.oid, 'SELECT') END,
+       pg_catalog.has_schema_privilege(n.oid, 'USAGE'),
+       CASE WHEN c.relkind = 'S' THEN pg_catalog.has_sequence_privilege(c.oid, 'SELECT') ELSE pg_catalog.has_table_privilege(c.oid, 'SELECT') END,
        c.relkind <> 'S' AND c.relrowsecurity AND NOT (SELECT bypass FROM me)
-         AND (NOT pg_has_role(c.relowner, 'USAGE') OR c.relforcerowsecurity)
+         AND (NOT pg_catalog.pg_has_role(c.relowner, 'USAGE') OR c.relforcerowsecurity)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN LATERAL (
   SELECT tn.nspname, t.relname FROM pg_depend d
@@ -235,9 +235,9 @@ var applyTablePrivileges = []string{"SELECT", "INSERT", "UPDATE", "DELETE", "TRU
 // (USAGE on their schemas first), and the role's name.
 func tableGaps(ctx context.Context, q querier, tables []canonical.TableName, privs []string) (string, []grantGap, error) {
 	schemas, names := nameArrays(tables)
-	rows, err := q.Query(ctx, `SELECT current_user::text, u.s, u.n, has_schema_privilege(n.oid, 'USAGE'),
-		coalesce((SELECT array_agg(p ORDER BY o) FROM unnest($3::text[]) WITH ORDINALITY AS x(p, o)
-		          WHERE NOT has_table_privilege(c.oid, p)), '{}')
+	rows, err := q.Query(ctx, `SELECT current_user::text, u.s, u.n, pg_catalog.has_schema_privilege(n.oid, 'USAGE'),
+		coalesce((SELECT pg_catalog.array_agg(p ORDER BY o) FROM pg_catalog.unnest($3::text[]) WITH ORDINALITY AS x(p, o)
+		          WHERE NOT pg_catalog.has_table_privilege(c.oid, p)), '{}')
 		FROM unnest($1::text[], $2::text[]) AS u(s, n)
 		JOIN pg_namespace n ON n.nspname = u.s JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = u.n
 		ORDER BY 2, 3`, schemas, names, privs)

@@ -127,9 +127,9 @@ func compareTable(ctx context.Context, source, target *Conn, t *canonical.Table,
 		for i, col := range t.Columns {
 			cols[i] = sqltext.Ident(col.Name)
 		}
-		sum = "coalesce(sum(('x' || left(md5(ROW(" + strings.Join(cols, ", ") + ")::text), 16))::bit(64)::int8::numeric), 0)::text"
+		sum = "coalesce(pg_catalog.sum(('x' || pg_catalog.left(pg_catalog.md5(ROW(" + strings.Join(cols, ", ") + ")::text), 16))::bit(64)::int8::numeric), 0)::text"
 	}
-	query := "SELECT count(*), " + sum + " FROM " + sqltext.Name(t.Schema, t.Name)
+	query := "SELECT pg_catalog.count(*), " + sum + " FROM " + sqltext.Name(t.Schema, t.Name)
 	read := func(conn *Conn, rows *int64, total *string) error {
 		return conn.pool.QueryRow(ctx, query).Scan(rows, total)
 	}

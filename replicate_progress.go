@@ -83,7 +83,7 @@ func (r *replicateRun) progress(ctx context.Context, now time.Time) ReplicatePro
 		}
 	}
 	var retained *int64
-	if err := r.c.pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), restart_lsn)::int8
+	if err := r.c.pool.QueryRow(ctx, `SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), restart_lsn)::int8
 		FROM pg_replication_slots WHERE slot_name = $1`, r.c.opts.slot).Scan(&retained); err == nil && retained != nil {
 		p.RetainedWAL = *retained
 	}

@@ -88,7 +88,7 @@ owned AS (
     FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = 'siphon' AND t.typrelid = 0 AND t.typelem = 0
   UNION ALL SELECT 'event trigger ' || t.evtname, t.evtowner FROM triggers t)
 SELECT
-  (SELECT count(*) FROM triggers t WHERE t.nspname = 'siphon') = 3,
+  (SELECT pg_catalog.count(*) FROM triggers t WHERE t.nspname = 'siphon') = 3,
   coalesce((SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
             WHERE n.nspname = 'siphon' AND p.proname = 'capture_ddl' AND p.pronargs = 3) = $4, false),
   NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = $5),
@@ -313,7 +313,7 @@ func (c *Conn) removeCapture(ctx context.Context, q querier, lastSlot bool) erro
 	var live int
 	err = q.QueryRow(ctx, `WITH gone AS (DELETE FROM siphon.capture_publications r
 		                    WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = r.publication) RETURNING r.publication)
-		SELECT count(*) FROM siphon.capture_publications r
+		SELECT pg_catalog.count(*) FROM siphon.capture_publications r
 		WHERE r.publication NOT IN (SELECT publication FROM gone) AND EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = r.publication)`).Scan(&live)
 	if err != nil && !pgerr.Is(err, pgerrcode.UndefinedTable) {
 		return err

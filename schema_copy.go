@@ -148,11 +148,11 @@ func (c *Conn) copySchema(ctx context.Context, target *Conn, opt CopySchemaOptio
 const ownersQuery = `
 SELECT r.rolname::text, o.what FROM (
   SELECT c.relowner AS owner, CASE c.relkind WHEN 'v' THEN 'view ' WHEN 'm' THEN 'materialized view ' WHEN 'f' THEN 'foreign table '
-         ELSE 'table ' END || format('%I.%I', n.nspname, c.relname) AS what
+         ELSE 'table ' END || pg_catalog.format('%I.%I', n.nspname, c.relname) AS what
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
   WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND c.relpersistence <> 't' AND ` + inUserSchema + ` AND ` + notOfExtension + `
   UNION ALL
-  SELECT p.proowner, format('SECURITY DEFINER function %I.%I(%s)', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid))
+  SELECT p.proowner, pg_catalog.format('SECURITY DEFINER function %I.%I(%s)', n.nspname, p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid))
   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
   WHERE p.prosecdef AND ` + inUserSchema + `
     AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')

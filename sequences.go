@@ -30,9 +30,9 @@ import (
 // those the tables own (serial and identity columns) or use in column
 // defaults.
 const sequencesQuery = `
-SELECT n.nspname, c.relname, has_sequence_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT n.nspname, c.relname, pg_catalog.has_sequence_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind = 'S' AND c.relpersistence <> 't' AND ` + inUserSchema + ` AND ` + notOfExtension + `
-  AND (cardinality($1::text[]) = 0 OR EXISTS (
+  AND (pg_catalog.cardinality($1::text[]) = 0 OR EXISTS (
         SELECT FROM unnest($1::text[], $2::text[]) AS u(s, t)
         JOIN pg_namespace tn ON tn.nspname = u.s JOIN pg_class t ON t.relnamespace = tn.oid AND t.relname = u.t
         WHERE EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
@@ -128,7 +128,7 @@ func readSequenceStates(ctx context.Context, q sequenceBatch, seqs []canonical.S
 	for _, s := range seqs {
 		// Reading the sequence relation gives last_value and is_called even
 		// when nextval was never called (pg_sequences shows NULL then).
-		b.Queue(`SELECT s.last_value, s.is_called, q.seqincrement, has_sequence_privilege(q.seqrelid, 'UPDATE')
+		b.Queue(`SELECT s.last_value, s.is_called, q.seqincrement, pg_catalog.has_sequence_privilege(q.seqrelid, 'UPDATE')
 			FROM ` + sqltext.Name(s.TableName().Schema, s.TableName().Name) + ` s, pg_sequence q
 			WHERE q.seqrelid = ` + sqltext.Literal(sqltext.Name(s.TableName().Schema, s.TableName().Name)) + `::regclass`)
 	}
@@ -203,7 +203,7 @@ func advanceSequences(ctx context.Context, q sequenceBatch, seqs []canonical.Seq
 			return sequencePrivilegeError(role, s.TableName(), nil)
 		}
 		if behind {
-			b.Queue("SELECT setval($1::regclass, $2, $3)", sqltext.Name(s.TableName().Schema, s.TableName().Name), s.Value, s.Called)
+			b.Queue("SELECT pg_catalog.setval($1::regclass, $2, $3)", sqltext.Name(s.TableName().Schema, s.TableName().Name), s.Value, s.Called)
 		}
 	}
 	if b.Len() == 0 {

@@ -33,7 +33,26 @@ var shadowedBuiltins = [][3]string{
 	{"to_regclass", "text", "regclass"},
 	{"to_regtype", "text", "regtype"},
 	{"pg_replication_origin_oid", "text", "oid"},
+	// Closer matches than the built-ins for the arguments siphon's queries
+	// pass: theirs take text, regclass, or any array or value, hers the
+	// very types; she wins wherever her schema is searched, even behind
+	// pg_catalog, unless the call names pg_catalog.
+	{"quote_ident", "name", "text"},
+	{"pg_relation_size", "oid", "bigint"},
+	{"unnest", "int2vector", "SETOF smallint"},
+	{"unnest", "oid[]", "SETOF oid"},
+	{"unnest", "text[]", "SETOF text"},
+	{"unnest", "integer[]", "SETOF integer"},
+	{"unnest", "character varying[]", "SETOF character varying"},
+	{"cardinality", "text[]", "integer"},
+	{"format", "text, name, name", "text"},
 }
+
+// shadowedAggregates are the built-in aggregates siphon's queries call,
+// as name and argument type (closer matches than the built-ins'
+// polymorphic ones); plantShadows defines one of each in the attacker's
+// schema, as array_agg, whose step function springs her trap.
+var shadowedAggregates = [][2]string{{"array_agg", "name"}, {"array_agg", "smallint"}, {"array_agg", "bigint"}, {"array_agg", "text"}}
 
 // shadowedOperators are the operators plantShadows defines in the
 // attacker's schema, by name and argument types: the comparisons of
@@ -66,7 +85,11 @@ func plantShadows(t *testing.T, owner *pgx.Conn, role string) {
 		  END;
 		  BEGIN
 		    INSERT INTO evil.calls VALUES (what, CURRENT_USER);
-		  EXCEPTION WHEN OTHERS THEN NULL;
+		  EXCEPTION
+		    WHEN read_only_sql_transaction THEN
+		      -- a read-only session: it cannot be recorded, so it fails
+		      RAISE EXCEPTION 'her % ran in a read-only session as %', what, CURRENT_USER;
+		    WHEN OTHERS THEN NULL;
 		  END;
 		END $$`)
 	for i, f := range shadowedBuiltins {
@@ -77,9 +100,18 @@ func plantShadows(t *testing.T, owner *pgx.Conn, role string) {
 				args = append(args, fmt.Sprintf("$%d", j+1))
 			}
 		}
+		ret := "RETURN"
+		if strings.HasPrefix(f[2], "SETOF ") {
+			ret = "RETURN QUERY SELECT * FROM"
+		}
 		execSQL(t, owner, fmt.Sprintf(`CREATE FUNCTION evil.%s(%s) RETURNS %s LANGUAGE plpgsql AS $f%d$
-			BEGIN PERFORM evil.trap('%s(%s)'); RETURN pg_catalog.%s(%s); END $f%d$`,
-			f[0], strings.Join(params, ", "), f[2], i, f[0], f[1], f[0], strings.Join(args, ", "), i))
+			BEGIN PERFORM evil.trap('%s(%s)'); %s pg_catalog.%s(%s); END $f%d$`,
+			f[0], strings.Join(params, ", "), f[2], i, f[0], f[1], ret, f[0], strings.Join(args, ", "), i))
+	}
+	for i, a := range shadowedAggregates {
+		execSQL(t, owner, fmt.Sprintf(`CREATE FUNCTION evil.step%d(%s[], %s) RETURNS %s[] LANGUAGE plpgsql AS $a$
+			BEGIN PERFORM evil.trap('%s(%s)'); RETURN pg_catalog.array_append($1, $2); END $a$`, i, a[1], a[1], a[1], a[0], a[1]),
+			fmt.Sprintf(`CREATE AGGREGATE evil.%s(%s) (SFUNC = evil.step%d, STYPE = %s[])`, a[0], a[1], i, a[1]))
 	}
 	for i, op := range shadowedOperators {
 		name, types := op[0], op[1]

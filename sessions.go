@@ -79,7 +79,7 @@ func endBackend(ctx context.Context, q querier, pid uint32) {
 			return
 		}
 		if !terminated && time.Since(started) > endGrace {
-			q.Exec(ctx, "SELECT pg_terminate_backend($1)", int64(pid))
+			q.Exec(ctx, "SELECT pg_catalog.pg_terminate_backend($1)", int64(pid))
 			terminated = true
 		}
 		if sleepCtx(ctx, pause) != nil {

@@ -174,10 +174,10 @@ SELECT n.nspname, c.relname, c.relkind = 'p', c.relreplident,
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL (
-  SELECT coalesce(array_agg(a.attname ORDER BY a.attnum), '{}') AS names,
-         coalesce(array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum), '{}') AS types,
-         coalesce(array_agg(a.atttypid::int8 ORDER BY a.attnum), '{}') AS oids,
-         coalesce(array_agg(NOT a.attnotnull ORDER BY a.attnum), '{}') AS nullable
+  SELECT coalesce(pg_catalog.array_agg(a.attname ORDER BY a.attnum), '{}') AS names,
+         coalesce(pg_catalog.array_agg(pg_catalog.format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum), '{}') AS types,
+         coalesce(pg_catalog.array_agg(a.atttypid::int8 ORDER BY a.attnum), '{}') AS oids,
+         coalesce(pg_catalog.array_agg(NOT a.attnotnull ORDER BY a.attnum), '{}') AS nullable
   FROM pg_attribute a
   WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '') cols
 LEFT JOIN pg_inherits inh ON c.relispartition AND inh.inhrelid = c.oid

@@ -461,7 +461,7 @@ func (c *Conn) repair(ctx context.Context, lock *slotLock, err error, rep *repai
 			}
 		}
 		var limit string
-		lock.conn.QueryRow(ctx, "SELECT current_setting('max_replication_slots')").Scan(&limit)
+		lock.conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('max_replication_slots')").Scan(&limit)
 		return false, fmt.Errorf("all replication slots are in use (max_replication_slots = %s) and siphon has no orphan slot to drop:"+
 			" raise max_replication_slots (takes a server restart) or drop unused slots (see pg_replication_slots): %w", limit, err)
 	case pgerr.Is(err, pgerrcode.TooManyConnections):
@@ -492,7 +492,7 @@ func readSlotRow(ctx context.Context, q querier, name string) (slotRow, error) {
 		walStatus *string
 	)
 	err := q.QueryRow(ctx, `SELECT slot_type, coalesce(plugin, ''), coalesce(database, ''),
-			coalesce(database = current_database(), false), temporary, active, confirmed_flush_lsn::text, wal_status
+			coalesce(database = pg_catalog.current_database(), false), temporary, active, confirmed_flush_lsn::text, wal_status
 		FROM pg_replication_slots WHERE slot_name = $1`, name).
 		Scan(&typ, &s.plugin, &s.database, &s.here, &s.temporary, &s.active, &confirmed, &walStatus)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -575,7 +575,7 @@ func (c *Conn) lockSlots(ctx context.Context, deadline time.Time) (*slotLock, er
 	}
 	l := &slotLock{conn: conn}
 	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
-		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", slotLockKey).Scan(&l.held); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_try_advisory_lock($1)", slotLockKey).Scan(&l.held); err != nil {
 			l.release()
 			return nil, fmt.Errorf("take the slot-management lock: %w", err)
 		}
@@ -601,7 +601,7 @@ func (l *slotLock) release() {
 	ctx, cancel := cleanupContext(context.Background())
 	defer cancel()
 	if l.held {
-		l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", slotLockKey)
+		l.conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock($1)", slotLockKey)
 		l.held = false
 	}
 	closeConn(ctx, l.conn.PgConn())
@@ -646,19 +646,19 @@ func (l *slotLock) query(sql string, arg any) ([]Blocker, error) {
 	return out, rows.Err()
 }
 
-const blockerColumns = `a.pid, a.backend_xid::text::int8, age(a.backend_xid)::int8, coalesce(a.state, '')::text,
+const blockerColumns = `a.pid, a.backend_xid::text::int8, pg_catalog.age(a.backend_xid)::int8, coalesce(a.state, '')::text,
 	coalesce(a.datname, '')::text, coalesce(a.usename, '')::text, coalesce(a.application_name, '')::text,
-	a.xact_start, a.query_start, left(coalesce(a.query, ''), 200)::text`
+	a.xact_start, a.query_start, pg_catalog.left(coalesce(a.query, ''), 200)::text`
 
 // blockersQuery lists who the walsender $1 waits for. A prepared
 // transaction shows as pid 0 in pg_blocking_pids; the transaction ID the
 // walsender waits on (pg_locks) finds it in pg_prepared_xacts.
 const blockersQuery = `
 SELECT ` + blockerColumns + `
-FROM pg_stat_activity a WHERE a.pid = ANY (pg_blocking_pids($1))
+FROM pg_stat_activity a WHERE a.pid = ANY (pg_catalog.pg_blocking_pids($1))
 UNION ALL
-SELECT 0, p.transaction::text::int8, age(p.transaction)::int8, 'prepared', p.database::text, p.owner::text, '',
-       p.prepared, p.prepared, left('PREPARE TRANSACTION ' || quote_literal(p.gid), 200)
+SELECT 0, p.transaction::text::int8, pg_catalog.age(p.transaction)::int8, 'prepared', p.database::text, p.owner::text, '',
+       p.prepared, p.prepared, pg_catalog.left('PREPARE TRANSACTION ' || pg_catalog.quote_literal(p.gid), 200)
 FROM pg_prepared_xacts p
 WHERE p.transaction IN (SELECT transactionid FROM pg_locks
                         WHERE pid = $1 AND locktype = 'transactionid' AND NOT granted)
@@ -668,10 +668,10 @@ ORDER BY 1`
 // before $1: those a slot creation started at $1 waits for.
 const olderTransactionsQuery = `
 SELECT ` + blockerColumns + `
-FROM pg_stat_activity a WHERE a.backend_xid IS NOT NULL AND a.xact_start < $1 AND a.pid <> pg_backend_pid()
+FROM pg_stat_activity a WHERE a.backend_xid IS NOT NULL AND a.xact_start < $1 AND a.pid <> pg_catalog.pg_backend_pid()
 UNION ALL
-SELECT 0, p.transaction::text::int8, age(p.transaction)::int8, 'prepared', p.database::text, p.owner::text, '',
-       p.prepared, p.prepared, left('PREPARE TRANSACTION ' || quote_literal(p.gid), 200)
+SELECT 0, p.transaction::text::int8, pg_catalog.age(p.transaction)::int8, 'prepared', p.database::text, p.owner::text, '',
+       p.prepared, p.prepared, pg_catalog.left('PREPARE TRANSACTION ' || pg_catalog.quote_literal(p.gid), 200)
 FROM pg_prepared_xacts p WHERE p.prepared < $1
 ORDER BY 1`
 
@@ -679,8 +679,8 @@ ORDER BY 1`
 const lockHoldersQuery = `
 SELECT ` + blockerColumns + `
 FROM pg_stat_activity a
-WHERE a.pid <> pg_backend_pid() AND a.pid IN (
+WHERE a.pid <> pg_catalog.pg_backend_pid() AND a.pid IN (
 	SELECT l.pid FROM pg_locks l
 	WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND l.database = (SELECT oid FROM pg_database WHERE datname = pg_catalog.current_database())
 	  AND ((l.classid::int8 << 32) | l.objid::int8) = $1)`

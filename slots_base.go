@@ -69,7 +69,7 @@ func (c *Conn) CreateBaseSlot(ctx context.Context) (*IncrementalBaseInfo, error)
 	var rep repairs
 	for {
 		var lsn string
-		err := hold.QueryRow(ctx, "SELECT lsn::text FROM pg_create_physical_replication_slot($1, true, true)", pending).Scan(&lsn)
+		err := hold.QueryRow(ctx, "SELECT lsn::text FROM pg_catalog.pg_create_physical_replication_slot($1, true, true)", pending).Scan(&lsn)
 		if err == nil {
 			pos, err := canonical.ParsePosition(lsn)
 			if err != nil {
@@ -143,7 +143,7 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 		slot = pendingBasePrefix + strings.TrimPrefix(info.Slot, "siphon_")
 	}
 	var restart, status, current string
-	err := c.pool.QueryRow(ctx, `SELECT coalesce(restart_lsn::text, ''), coalesce(wal_status, ''), pg_current_wal_insert_lsn()::text
+	err := c.pool.QueryRow(ctx, `SELECT coalesce(restart_lsn::text, ''), coalesce(wal_status, ''), pg_catalog.pg_current_wal_insert_lsn()::text
 		FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'`, slot).Scan(&restart, &status, &current)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return errorf("siphon: capture base end of slot %q: the slot is gone (dropped, or its session ended), so WAL since %v may be recycled: take a new base backup", info.Slot, info.WALStart)
@@ -156,7 +156,7 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 		return errorf("siphon: capture base end of slot %q: the slot no longer reserves WAL from %v (restart %q, wal_status %q): take a new base backup", info.Slot, info.WALStart, restart, status)
 	}
 	if held != nil {
-		if _, err := held.Exec(ctx, "SELECT pg_copy_physical_replication_slot($1, $2, false)", slot, info.Slot); err != nil {
+		if _, err := held.Exec(ctx, "SELECT pg_catalog.pg_copy_physical_replication_slot($1, $2, false)", slot, info.Slot); err != nil {
 			hint := ""
 			if pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded) {
 				hint = ": completing a base slot takes one more slot for a moment; raise max_replication_slots, or drop unused slots"
@@ -165,7 +165,7 @@ func (c *Conn) CaptureBaseEnd(ctx context.Context, info *IncrementalBaseInfo) er
 		}
 		// Dropped now rather than when the session's backend exits, which
 		// may be after CaptureBaseEnd returns.
-		if _, err := held.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+		if _, err := held.Exec(ctx, "SELECT pg_catalog.pg_drop_replication_slot($1)", slot); err != nil {
 			return errorf("siphon: capture base end of slot %q: drop its temporary slot: %w", info.Slot, err)
 		}
 	}
@@ -185,7 +185,7 @@ func (c *Conn) DropSlot(ctx context.Context, name string) error {
 	if !slotNamePattern.MatchString(name) {
 		return errorf("siphon: drop slot %q: not a slot siphon names: use 1 to 63 characters of a-z, 0-9 and _", name)
 	}
-	_, err := c.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", name)
+	_, err := c.pool.Exec(ctx, "SELECT pg_catalog.pg_drop_replication_slot($1)", name)
 	switch {
 	case err == nil:
 		c.log.Info("replication slot dropped", "slot", name)
@@ -246,7 +246,7 @@ func sweepLocked(ctx context.Context, q querier, cdcSlot string) ([]string, erro
 func dropOrphans(ctx context.Context, q querier, names []string) ([]string, error) {
 	var dropped []string
 	for _, name := range names {
-		_, err := q.Exec(ctx, "SELECT pg_drop_replication_slot($1)", name)
+		_, err := q.Exec(ctx, "SELECT pg_catalog.pg_drop_replication_slot($1)", name)
 		switch {
 		case err == nil:
 			dropped = append(dropped, name)
@@ -304,11 +304,11 @@ func (c *Conn) Slots(ctx context.Context) ([]SlotInfo, error) {
 	rows, err := c.pool.Query(ctx, `
 		SELECT slot_name::text, slot_type, active, coalesce(active_pid, 0), temporary,
 		       coalesce(restart_lsn::text, ''), coalesce(confirmed_flush_lsn::text, ''), coalesce(wal_status, ''),
-		       coalesce(pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
-		                                     ELSE pg_current_wal_insert_lsn() END, restart_lsn), 0)::int8,
+		       coalesce(pg_catalog.pg_wal_lsn_diff(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+		                                     ELSE pg_catalog.pg_current_wal_insert_lsn() END, restart_lsn), 0)::int8,
 		       coalesce(safe_wal_size, -1)
 		FROM pg_replication_slots
-		WHERE (slot_type = 'logical' AND database = current_database() AND (slot_name = $1 OR slot_name LIKE $2))
+		WHERE (slot_type = 'logical' AND database = pg_catalog.current_database() AND (slot_name = $1 OR slot_name LIKE $2))
 		   OR (slot_type = 'physical' AND slot_name ~ $3)
 		ORDER BY slot_name`, c.opts.slot, strings.ReplaceAll(snapshotSlotPrefix, "_", `\_`)+"%", anyBaseSlotPattern.String())
 	if err != nil {
@@ -464,7 +464,7 @@ func (c *Conn) detachSlot(ctx context.Context, q querier, d *DetachIncompleteErr
 // companion. One that another role owns stays, and d says so.
 func (c *Conn) detachPublication(ctx context.Context, q querier, d *DetachIncompleteError) error {
 	var owner string
-	err := q.QueryRow(ctx, "SELECT pg_get_userbyid(pubowner)::text FROM pg_publication WHERE pubname = $1", c.opts.publication).Scan(&owner)
+	err := q.QueryRow(ctx, "SELECT pg_catalog.pg_get_userbyid(pubowner)::text FROM pg_publication WHERE pubname = $1", c.opts.publication).Scan(&owner)
 	if errors.Is(err, pgx.ErrNoRows) {
 		owner, err = "", nil
 	}

@@ -42,7 +42,7 @@ const userTablesQuery = `
 SELECT n.nspname, c.relname, ` + usableIdentity + `
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE ` + isUserTable + `
-  AND CASE WHEN cardinality($1::text[]) = 0 THEN NOT c.relispartition
+  AND CASE WHEN pg_catalog.cardinality($1::text[]) = 0 THEN NOT c.relispartition
            ELSE (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[])) END
 ORDER BY 1, 2`
 
@@ -211,7 +211,7 @@ func (c *Conn) dropMadePublications(ctx context.Context, q querier, d *DetachInc
 // streamSlotsQuery lists the slots of the database that may read a
 // publication: its pgoutput slots, temporary ones left out.
 const streamSlotsQuery = `SELECT slot_name::text FROM pg_replication_slots
-	WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database() AND NOT temporary
+	WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = pg_catalog.current_database() AND NOT temporary
 	ORDER BY 1`
 
 // streamSlots runs streamSlotsQuery.
@@ -776,11 +776,11 @@ func (c *Conn) canCreatePublication(ctx context.Context, tables []userTable) (*P
 	var role, database string
 	var create, super bool
 	var notOwned []string
-	err := c.pool.QueryRow(ctx, `SELECT current_user::text, current_database()::text, has_database_privilege(current_database(), 'CREATE'),
+	err := c.pool.QueryRow(ctx, `SELECT current_user::text, pg_catalog.current_database()::text, pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE'),
 		(SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
-		coalesce((SELECT array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY 1) FROM pg_class c
+		coalesce((SELECT pg_catalog.array_agg(pg_catalog.format('%I.%I', n.nspname, c.relname) ORDER BY 1) FROM pg_class c
 		          JOIN pg_namespace n ON n.oid = c.relnamespace
-		          WHERE c.relkind IN ('r', 'p') AND NOT pg_has_role(c.relowner, 'USAGE')
+		          WHERE c.relkind IN ('r', 'p') AND NOT pg_catalog.pg_has_role(c.relowner, 'USAGE')
 		            AND (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[]))), '{}')`,
 		schemas, relnames).Scan(&role, &database, &create, &super, &notOwned)
 	const needed = "creating the publication"

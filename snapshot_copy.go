@@ -182,9 +182,9 @@ func (r *copyRun) plan(ctx context.Context, lead *pgx.Conn, schema *canonical.Sc
 	var headroom int
 	var blockSize int64
 	err = r.c.pool.QueryRow(ctx, `
-SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
-       - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
-       current_setting('block_size')::int8`).Scan(&headroom, &blockSize)
+SELECT pg_catalog.current_setting('max_connections')::int - pg_catalog.current_setting('superuser_reserved_connections')::int
+       - (SELECT pg_catalog.count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
+       pg_catalog.current_setting('block_size')::int8`).Scan(&headroom, &blockSize)
 	if err != nil {
 		return 0, fmt.Errorf("read server limits: %w", err)
 	}

@@ -74,18 +74,18 @@ type columnAtSnapshot struct {
 // by OID ($1) or by schema and name ($2, $3). Sizes are current.
 const relationsQuery = `
 SELECT c.oid, n.nspname, c.relname, c.relkind = 'p', c.relfilenode::int8,
-       c.reltoastrelid = 0 OR coalesce(pg_relation_size(nullif(c.reltoastrelid, 0)), 0) = 0,
-       greatest(c.reltuples, 0)::int8, coalesce(pg_relation_size(c.oid), 0),
+       c.reltoastrelid = 0 OR coalesce(pg_catalog.pg_relation_size(nullif(c.reltoastrelid, 0)), 0) = 0,
+       greatest(c.reltuples, 0)::int8, coalesce(pg_catalog.pg_relation_size(c.oid), 0),
        cols.attnums, cols.names, cols.types, cols.bases, cols.outputs,
        ` + primaryKeyColumns + `
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL (
-  SELECT coalesce(array_agg(a.attnum ORDER BY a.attnum), '{}') AS attnums,
-         coalesce(array_agg(a.attname ORDER BY a.attnum), '{}') AS names,
-         coalesce(array_agg(a.atttypid::int8 ORDER BY a.attnum), '{}') AS types,
-         coalesce(array_agg(b.base::int8 ORDER BY a.attnum), '{}') AS bases,
-         coalesce(array_agg(quote_ident(pn.nspname) || '.' || quote_ident(p.proname) ORDER BY a.attnum), '{}') AS outputs
+  SELECT coalesce(pg_catalog.array_agg(a.attnum ORDER BY a.attnum), '{}') AS attnums,
+         coalesce(pg_catalog.array_agg(a.attname ORDER BY a.attnum), '{}') AS names,
+         coalesce(pg_catalog.array_agg(a.atttypid::int8 ORDER BY a.attnum), '{}') AS types,
+         coalesce(pg_catalog.array_agg(b.base::int8 ORDER BY a.attnum), '{}') AS bases,
+         coalesce(pg_catalog.array_agg(pg_catalog.quote_ident(pn.nspname) || '.' || pg_catalog.quote_ident(p.proname) ORDER BY a.attnum), '{}') AS outputs
   FROM pg_attribute a
   JOIN pg_type t ON t.oid = a.atttypid
   JOIN pg_proc p ON p.oid = t.typoutput
@@ -350,16 +350,16 @@ func lockRelationNoWait(ctx context.Context, tx *pgx.Conn, r *relPlan) error {
 // currentQuery reads relations as they are now (outside the snapshot), by
 // name.
 const currentQuery = `
-SELECT q.i::int, c.oid, pg_relation_filenode(c.oid),
-       coalesce((SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
+SELECT q.i::int, c.oid, pg_catalog.pg_relation_filenode(c.oid),
+       coalesce((SELECT pg_catalog.array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
-       coalesce((SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
+       coalesce((SELECT pg_catalog.array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
-       coalesce((SELECT array_agg(a.atttypid::int8 ORDER BY a.attnum) FROM pg_attribute a
+       coalesce((SELECT pg_catalog.array_agg(a.atttypid::int8 ORDER BY a.attnum) FROM pg_attribute a
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
        ` + primaryKeyColumns + `
-FROM unnest($1::text[]) WITH ORDINALITY AS q(name, i)
-LEFT JOIN pg_class c ON c.oid = to_regclass(q.name)
+FROM pg_catalog.unnest($1::text[]) WITH ORDINALITY AS q(name, i)
+LEFT JOIN pg_class c ON c.oid = pg_catalog.to_regclass(q.name)
 ORDER BY q.i`
 
 // checkCurrent compares the locked relations as they are now with the

@@ -232,7 +232,7 @@ func (c *Conn) insertPosition(ctx context.Context) (insert, boundary canonical.P
 		lsn                string
 		blockSize, segSize int64
 	)
-	err = c.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text,
+	err = c.pool.QueryRow(ctx, `SELECT pg_catalog.pg_current_wal_insert_lsn()::text,
 		(SELECT setting::int8 FROM pg_settings WHERE name = 'wal_block_size'),
 		(SELECT setting::int8 FROM pg_settings WHERE name = 'wal_segment_size')`).Scan(&lsn, &blockSize, &segSize)
 	if err != nil {
@@ -268,7 +268,7 @@ func (c *Conn) boundPosition(ctx context.Context) (canonical.Position, error) {
 		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = local"); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, "SELECT pg_current_xact_id(), pg_logical_emit_message(false, $1, '')", flushPrefix)
+		_, err := tx.Exec(ctx, "SELECT pg_catalog.pg_current_xact_id(), pg_catalog.pg_logical_emit_message(false, $1, '')", flushPrefix)
 		return err
 	})
 	if err != nil {
@@ -541,7 +541,7 @@ func (c *Conn) resolveColumns(ctx context.Context, rel *pgoutput.Relation, types
 	for i, col := range rel.Columns {
 		oids[i], mods[i], names[i] = int64(col.TypeOID), rel.TypeModifiers[i], col.Name
 	}
-	rows, err := c.pool.Query(ctx, `SELECT format_type(u.oid::oid, u.typmod), coalesce(NOT a.attnotnull, true),
+	rows, err := c.pool.Query(ctx, `SELECT pg_catalog.format_type(u.oid::oid, u.typmod), coalesce(NOT a.attnotnull, true),
 		       coalesce(a.atthasdef OR a.atthasmissing OR a.attidentity <> '', false)
 		FROM unnest($1::int8[], $2::int4[], $3::text[]) WITH ORDINALITY AS u(oid, typmod, name, n)
 		LEFT JOIN pg_attribute a ON a.attrelid = $4::int8::oid AND a.attname = u.name AND a.attnum > 0 AND NOT a.attisdropped

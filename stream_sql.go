@@ -245,7 +245,7 @@ func (c *Conn) advanceSlot(ctx context.Context, pos canonical.Position) error {
 	pid := conn.Conn().PgConn().PID()
 	var active bool
 	err = conn.QueryRow(ctx, `SELECT active, CASE WHEN NOT active AND confirmed_flush_lsn < $2::text::pg_lsn
-			THEN (pg_replication_slot_advance(slot_name, $2::text::pg_lsn)).end_lsn::text END
+			THEN (pg_catalog.pg_replication_slot_advance(slot_name, $2::text::pg_lsn)).end_lsn::text END
 		FROM pg_replication_slots WHERE slot_name = $1`, c.opts.slot, pos.String()).Scan(&active, new(*string))
 	broken := conn.Conn().IsClosed()
 	conn.Release()
@@ -348,7 +348,7 @@ func (c *Conn) openCatchUpWorker(ctx context.Context) (*catchUpWorker, error) {
 	rand.Read(suffix[:])
 	w := &catchUpWorker{conn: conn, slot: catchUpSlotPrefix + hex.EncodeToString(suffix[:])}
 	var confirmed string
-	err = conn.QueryRow(ctx, "SELECT lsn::text FROM pg_copy_logical_replication_slot($1, $2, true)", c.opts.slot, w.slot).Scan(&confirmed)
+	err = conn.QueryRow(ctx, "SELECT lsn::text FROM pg_catalog.pg_copy_logical_replication_slot($1, $2, true)", c.opts.slot, w.slot).Scan(&confirmed)
 	if err == nil {
 		w.confirmed, err = canonical.ParsePosition(confirmed)
 	}
@@ -368,7 +368,7 @@ func (c *Conn) closeCatchUpWorkers(workers []*catchUpWorker) {
 	defer cancel()
 	for _, w := range workers {
 		if !w.conn.IsClosed() {
-			w.conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", w.slot)
+			w.conn.Exec(ctx, "SELECT pg_catalog.pg_drop_replication_slot($1)", w.slot)
 		}
 		closeAndEnd(c.pool, w.conn.PgConn())
 	}

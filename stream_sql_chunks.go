@@ -21,7 +21,7 @@ import (
 // peekQuery reads a chunk: the pgoutput messages of the records of the
 // copy $1 from its confirmed position up to $2, with pgoutput's options
 // $3 (name, value, ...).
-const peekQuery = `SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, NULL, VARIADIC $3::text[])`
+const peekQuery = `SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, NULL, VARIADIC $3::text[])`
 
 // flushPoll is how often the plan looks again while the server has not
 // flushed any WAL past the next chunk's start: with synchronous_commit
@@ -264,7 +264,7 @@ func (w *catchUpWorker) run(ctx context.Context, p *catchUpPlan, d *catchUpDeliv
 func (w *catchUpWorker) read(ctx context.Context, ch *catchUpChunk, d *catchUpDelivery, resolve pgoutput.Resolver) error {
 	if ch.start > w.confirmed {
 		// A fast forward from the copy's restart_lsn: no output.
-		if _, err := w.conn.Exec(ctx, "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)", w.slot, ch.start.String()); err != nil {
+		if _, err := w.conn.Exec(ctx, "SELECT pg_catalog.pg_replication_slot_advance($1, $2::text::pg_lsn)", w.slot, ch.start.String()); err != nil {
 			return fmt.Errorf("advance the slot's copy to %v: %w", ch.start, err)
 		}
 		w.confirmed = ch.start
@@ -314,7 +314,7 @@ func (w *catchUpWorker) read(ctx context.Context, ch *catchUpChunk, d *catchUpDe
 // flush position (the SQL functions decode no further).
 func (w *catchUpWorker) positions(ctx context.Context) (restart, flush canonical.Position, err error) {
 	var r, f string
-	err = w.conn.QueryRow(ctx, "SELECT restart_lsn::text, pg_current_wal_flush_lsn()::text FROM pg_replication_slots WHERE slot_name = $1", w.slot).Scan(&r, &f)
+	err = w.conn.QueryRow(ctx, "SELECT restart_lsn::text, pg_catalog.pg_current_wal_flush_lsn()::text FROM pg_replication_slots WHERE slot_name = $1", w.slot).Scan(&r, &f)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the position of the slot's copy: %w", err)
 	}

@@ -55,8 +55,8 @@ type heartbeatContent struct {
 // evaluated before the message is inserted, so "at" is at or before the
 // message's own start.
 func (c *Conn) writeHeartbeat(ctx context.Context, last canonical.Position) error {
-	_, err := c.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1,
-		json_build_object('slot', $2::text, 'last', $3::text, 'at', pg_current_wal_insert_lsn()::text)::text)`,
+	_, err := c.pool.Exec(ctx, `SELECT pg_catalog.pg_logical_emit_message(false, $1,
+		pg_catalog.json_build_object('slot', $2::text, 'last', $3::text, 'at', pg_catalog.pg_current_wal_insert_lsn()::text)::text)`,
 		heartbeatPrefix, c.opts.slot, last.String())
 	return err
 }

@@ -27,7 +27,7 @@ func (s *Server) VersionNum(ctx context.Context) (int, error) {
 // connected to.
 func versionNum(ctx context.Context, conn *pgx.Conn) (int, error) {
 	var num int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&num); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('server_version_num')::int").Scan(&num); err != nil {
 		return 0, fmt.Errorf("siphontest: server version: %w", err)
 	}
 	return num, nil

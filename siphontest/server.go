@@ -283,10 +283,10 @@ func (s *Server) dropDatabase(ctx context.Context, name string) error {
 		return fmt.Errorf("drop database %s: %w", name, err)
 	}
 	for {
-		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-			WHERE datname = $1 AND pid <> pg_backend_pid()`, name)
+		_, err = conn.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = $1 AND pid <> pg_catalog.pg_backend_pid()`, name)
 		if err == nil {
-			_, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+			_, err = conn.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_replication_slots
 				WHERE database = $1 AND NOT active`, name)
 		}
 		if err == nil {
@@ -294,8 +294,8 @@ func (s *Server) dropDatabase(ctx context.Context, name string) error {
 		}
 		if err == nil {
 			// siphon names an origin "siphon_<database OID>_<source>".
-			_, err = conn.Exec(ctx, `SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin
-				WHERE starts_with(roname, $1)`, fmt.Sprintf("siphon_%d_", oid))
+			_, err = conn.Exec(ctx, `SELECT pg_catalog.pg_replication_origin_drop(roname) FROM pg_replication_origin
+				WHERE pg_catalog.starts_with(roname, $1)`, fmt.Sprintf("siphon_%d_", oid))
 		}
 		if err == nil {
 			return nil
