@@ -227,6 +227,22 @@ func emitMarker(t *testing.T, conn *pgx.Conn, marker string) {
 	execSQL(t, conn, fmt.Sprintf("SELECT pg_logical_emit_message(false, '%s', '%s')", markerPrefix, marker))
 }
 
+// writeHeartbeat writes, through conn, a message as siphon's heartbeats
+// are (siphon.heartbeat: the slot, the last transaction handled, the
+// position it vouches for), with slot, last and at given as SQL
+// expressions over from (a FROM clause, or nothing), and returns the
+// message's end.
+func writeHeartbeat(t *testing.T, conn *pgx.Conn, slot, last, at string, from ...string) canonical.Position {
+	t.Helper()
+	var end string
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT pg_logical_emit_message(false, 'siphon.heartbeat',
+		json_build_object('slot', (`+slot+`)::text, 'last', (`+last+`)::text, 'at', (`+at+`)::text)::text)::text `+
+		strings.Join(from, " ")).Scan(&end))
+	pos, err := canonical.ParsePosition(end)
+	require.NoError(t, err)
+	return pos
+}
+
 // streamUntil streams from from until the marker message, and returns the
 // changes before it (markers left out) and the Position StreamChanges
 // returned.

@@ -216,6 +216,12 @@ func hijackSiphonsSessions(t *testing.T, viaDSN bool) {
 	require.NoError(t, err)
 	assert.NotEmpty(t, report.Checks)
 	require.NoError(t, src.InstallSchemaCapture(ctx))
+	// CopySchema's check of the owners lists her objects first, and
+	// refuses to give them to the copying role.
+	emptyDSN, _ := newDatabase(t)
+	empty := connect(t, emptyDSN)
+	var owners *siphon.OwnershipError
+	require.ErrorAs(t, src.CopySchema(ctx, empty, siphon.CopySchemaOptions{}), &owners)
 	target, err := siphon.Connect(ctx, tgtDSN)
 	require.NoError(t, err)
 	defer target.Close()

@@ -2,6 +2,7 @@ package siphon_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -671,13 +672,8 @@ func logResumeGap(t *testing.T, conn *pgx.Conn, slot string, err error) {
 			t.Logf("read the WAL: %v", err)
 			return
 		}
-		_, payload, _ := strings.Cut(desc, "): ")
-		var content []byte
-		for _, b := range strings.Fields(payload) {
-			var v byte
-			fmt.Sscanf(b, "%02X", &v)
-			content = append(content, v)
-		}
+		_, payload, _ := strings.Cut(desc, "): ") // the payload's bytes, in hex, separated by spaces
+		content, _ := hex.DecodeString(strings.ReplaceAll(payload, " ", ""))
 		if strings.Contains(string(content), `"`+slot+`"`) {
 			t.Logf("heartbeat record %s-%s: %s", start, end, content)
 		}

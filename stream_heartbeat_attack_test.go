@@ -16,14 +16,17 @@ import (
 // source database (pg_logical_emit_message is granted to PUBLIC) writes
 // messages with siphon's heartbeat prefix for the stream's slot, whose
 // name and position pg_replication_slots shows her. The first claims that
-// the slot may move 64 MB past the WAL written so far; the stream's
-// consumer then fails on the next transaction, and the second, written
+// nothing was published from the consumer's last transaction up to 2 kB
+// past the WAL written so far, into the next transaction (of 100 rows);
+// the consumer then fails on that transaction, and the second, written
 // once that stream ended, claims that nothing was published up to where
 // the slot stands. The consumer resumes from its last commit and gets the
 // transaction it failed on. Before, the stream confirmed the first claim
-// as far as its walsender had read (past that transaction), and the next
-// stream took the second as the heartbeat that moved the slot there: the
-// transaction was skipped, and nothing said so.
+// once its walsender had read that far, past the start of the
+// transaction, and the resume was refused as behind the slot; with the
+// slot past the transaction's end (as when siphon confirmed as far as its
+// walsender had read), the second claim vouched for the resume and the
+// transaction was skipped, with nothing to say so.
 func TestForgedHeartbeatsSkipNoChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -33,15 +36,13 @@ func TestForgedHeartbeatsSkipNoChange(t *testing.T) {
 	mallory := connectOrFail(t, malloryDSN)
 	c, slot, start := streamConnAt(t, dsn, siphon.WithTables("accounts"))
 
-	// forge writes a heartbeat for the database's slot, as she sees it,
-	// whose last and at are SQL expressions of the slot's confirmed
-	// position (confirmed) and the WAL insert position (insert).
+	// forge writes, as her, a heartbeat for the database's slot as she
+	// sees it, whose last and at are SQL expressions of the slot's
+	// confirmed position (confirmed) and the WAL insert position (insert).
 	forge := func(last, at string) {
 		t.Helper()
-		execSQL(t, mallory, `SELECT pg_logical_emit_message(false, 'siphon.heartbeat',
-			json_build_object('slot', slot_name, 'last', (`+last+`)::text, 'at', (`+at+`)::text)::text)
-			FROM (SELECT slot_name, confirmed_flush_lsn AS confirmed, pg_current_wal_insert_lsn() AS insert
-				FROM pg_replication_slots WHERE database = current_database()) s`)
+		writeHeartbeat(t, mallory, "slot_name", last, at, `FROM (SELECT slot_name, confirmed_flush_lsn AS confirmed,
+			pg_current_wal_insert_lsn() AS insert FROM pg_replication_slots WHERE database = current_database()) s`)
 	}
 
 	execSQL(t, admin, "INSERT INTO accounts VALUES (1, 100)")
@@ -52,9 +53,9 @@ func TestForgedHeartbeatsSkipNoChange(t *testing.T) {
 		case ch.Op == canonical.OpCommit && handled == 0:
 			handled = ch.Position
 			// Her claim, read by the stream right after this transaction:
-			// nothing published since it, up to 64 MB of WAL ahead.
-			forge("'"+handled.String()+"'", "insert + 64 * 1024 * 1024")
-			execSQL(t, admin, "INSERT INTO accounts VALUES (2, 200)")
+			// nothing published since it, up to 2 kB into the next one.
+			forge("'"+handled.String()+"'", "insert + 2048")
+			execSQL(t, admin, "INSERT INTO accounts SELECT i, 200 FROM generate_series(2, 101) i")
 		case ch.Op == canonical.OpBegin && handled != 0:
 			return errTargetDown // the consumer fails on the second transaction
 		}
