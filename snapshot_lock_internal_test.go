@@ -1,0 +1,77 @@
+package siphon
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/siphontest"
+)
+
+// TestLockRelationsNeverHoldsWhileWaiting: the copy's first session locks
+// lines, then orders, while a transaction that empties them holds orders
+// and then needs lines (TRUNCATE ... CASCADE locks a table, then the tables
+// that reference it; the copy's order is its own). Had the copy kept lines
+// while it waited for orders, one of the two would be ended as a deadlock
+// after deadlock_timeout; the copy lets go of lines, the transaction
+// commits, and the copy then holds both.
+func TestLockRelationsNeverHoldsWhileWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := siphontest.Start(t).NewDatabase(t)
+	connect := func() *pgx.Conn {
+		conn, err := pgx.Connect(ctx, dsn)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn
+	}
+	admin, lead, reset := connect(), connect(), connect()
+	exec := func(conn *pgx.Conn, sql string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	exec(admin, `CREATE TABLE orders (id int PRIMARY KEY)`)
+	exec(admin, `CREATE TABLE lines (order_id int NOT NULL REFERENCES orders, n int NOT NULL)`)
+	exec(admin, `INSERT INTO orders VALUES (1); INSERT INTO lines VALUES (1, 1)`)
+	rels := []*relPlan{
+		{name: canonical.TableName{Schema: "public", Name: "lines"}},
+		{name: canonical.TableName{Schema: "public", Name: "orders"}},
+	}
+
+	exec(reset, `BEGIN`)
+	exec(reset, `LOCK TABLE orders IN ACCESS EXCLUSIVE MODE`)
+	exec(lead, `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
+	locked := make(chan error, 1)
+	go func() { locked <- lockRelations(ctx, lead, rels) }()
+	waiting := func() bool {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'orders'::regclass AND pid = $1`,
+			lead.PgConn().PID()).Scan(&n))
+		return n > 0
+	}
+	for deadline := time.Now().Add(time.Minute); !waiting(); {
+		require.Empty(t, locked, "lockRelations returned before the transaction ended")
+		require.True(t, time.Now().Before(deadline), "the copy's session never waited for orders")
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, err := reset.Exec(ctx, `TRUNCATE orders CASCADE`)
+	require.NoError(t, err, "the TRUNCATE did not deadlock with the copy's locks")
+	exec(reset, `COMMIT`)
+	require.NoError(t, <-locked, "the copy's locks did not deadlock with the TRUNCATE")
+
+	var held []string
+	rows, err := admin.Query(ctx, `SELECT relation::regclass::text FROM pg_locks
+		WHERE pid = $1 AND mode = 'AccessShareLock' AND granted AND relation IN ('orders'::regclass, 'lines'::regclass) ORDER BY 1`,
+		lead.PgConn().PID())
+	require.NoError(t, err)
+	held, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	assert.Equal(t, []string{"lines", "orders"}, held, "the copy holds both tables once it returns")
+	exec(lead, `COMMIT`)
+}
