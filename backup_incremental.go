@@ -44,7 +44,7 @@ import (
 // earlier stream had moved it), as [Conn.StreamChanges] promises. Errors are those of [Conn.StreamChanges]; a
 // cancelled ctx returns its error, since the output is incomplete.
 //
-// A backlog of 32 MiB of WAL or more is read through the SQL interface,
+// A backlog of 4 MiB of WAL or more is read through the SQL interface,
 // up to about twice as fast as through a walsender, with up to 2 more sessions
 // and 2 temporary replication slots (see [Conn.StreamChanges]); with no
 // room for them it is read through the walsender.

@@ -75,7 +75,7 @@ import (
 // Memory stays bounded however large a transaction is: a few hundred
 // decoded changes at most wait for emit.
 //
-// A stream that starts far behind (32 MiB of WAL or more between from and
+// A stream that starts far behind (4 MiB of WAL or more between from and
 // the server's WAL position) first catches up through the SQL interface,
 // which is up to about twice as fast as a walsender (BenchmarkCatchUp): it
 // reads the backlog in chunks (pg_logical_slot_peek_binary_changes) from

@@ -34,6 +34,9 @@ func (c *Conn) SetCatchUpForTest(t CatchUpForTest) {
 			*f.to = *f.from
 		}
 	}
+	if t.MinChunk > 0 {
+		d.leftShare = 0 // every chunk at least MinChunk, as the test says
+	}
 	if t.Workers > 0 {
 		d.workers = t.Workers
 	}

@@ -91,9 +91,18 @@ const (
 	// walsender: below it, the catch-up's setup (two sessions and copies of
 	// the slot) and the walsender's start from the slot's restart_lsn cost
 	// more than the walsender's own pace.
-	catchUpMinBacklog = 32 << 20
+	catchUpMinBacklog = 4 << 20
 	// catchUpMinChunk is the least WAL a chunk spans.
-	catchUpMinChunk = 16 << 20
+	catchUpMinChunk = 2 << 20
+	// catchUpLeftShare and catchUpFullChunk: a chunk spans at least this
+	// share of the WAL left unread, up to catchUpFullChunk. The first
+	// chunk's rows reach the client only once it is decoded whole, and so
+	// do the last's: small chunks for a small backlog, and near the end;
+	// large ones where much is left, since each call has a cost of its own
+	// (its query, the fast forward of the copy, the WAL before it decoded
+	// again).
+	catchUpLeftShare = 4
+	catchUpFullChunk = 16 << 20
 	// catchUpMaxChunk is the most WAL a chunk spans; it bounds what one
 	// call materializes on the server (about as much again in temporary
 	// files, per worker).
@@ -123,6 +132,9 @@ type catchUpSettings struct {
 	// than this is left.
 	switchAt           int64
 	minChunk, maxChunk int64
+	// leftShare and fullChunk: see catchUpLeftShare; leftShare 0 makes
+	// minChunk the least span whatever is left.
+	leftShare, fullChunk int64
 	// redecodeRatio: see catchUpRedecodeRatio; 0 makes every chunk
 	// minChunk long and never stops for re-decoding.
 	redecodeRatio int64
@@ -135,7 +147,7 @@ func (s catchUpSettings) orDefaults() catchUpSettings {
 	}
 	return catchUpSettings{
 		set: true, startAt: catchUpMinBacklog, switchAt: catchUpMinBacklog,
-		minChunk: catchUpMinChunk, maxChunk: catchUpMaxChunk, redecodeRatio: catchUpRedecodeRatio, workers: catchUpWorkers,
+		minChunk: catchUpMinChunk, maxChunk: catchUpMaxChunk, leftShare: catchUpLeftShare, fullChunk: catchUpFullChunk, redecodeRatio: catchUpRedecodeRatio, workers: catchUpWorkers,
 	}
 }
 

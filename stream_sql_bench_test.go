@@ -29,7 +29,7 @@ func benchCatchUp(b *testing.B, work benchWorkload) {
 	src := newBenchSource(b, work)
 	changes := float64(src.work.changes())
 	// Every backlog is caught up through the SQL interface, however
-	// small (the default threshold is 32 MiB of WAL); the rest as by
+	// small (the default threshold is 4 MiB of WAL); the rest as by
 	// default.
 	catchUp := func(b *testing.B, slot string) streamRun {
 		return src.siphonTuned(b, slot, func(c *siphon.Conn) {

@@ -127,7 +127,7 @@ func (p *catchUpPlan) cut(ctx context.Context, w *catchUpWorker, start canonical
 			p.reason = fmt.Sprintf("the restart position of the slot's copy, %v, is too far back (%d bytes) to decode it again for every chunk (a long transaction holds it back)", restart, redecode)
 			return 0, true, nil
 		}
-		span := min(max(p.set.minChunk, redecode*p.set.redecodeRatio), p.set.maxChunk)
+		span := min(max(p.set.leastSpan(p.left), redecode*p.set.redecodeRatio), p.set.maxChunk)
 		limit := flush
 		if p.bound != 0 {
 			limit = min(limit, p.bound)
@@ -147,6 +147,14 @@ func (p *catchUpPlan) cut(ctx context.Context, w *catchUpWorker, start canonical
 		case <-time.After(flushPoll):
 		}
 	}
+}
+
+// leastSpan is the least WAL a chunk spans when left is unread.
+func (s catchUpSettings) leastSpan(left int64) int64 {
+	if s.leftShare <= 0 {
+		return s.minChunk
+	}
+	return min(max(s.minChunk, left/s.leftShare), max(s.minChunk, s.fullChunk))
 }
 
 // chunkEnd moves an end that falls into a page's header, (page, page+40],

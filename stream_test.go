@@ -435,6 +435,9 @@ func TestStreamTerminatedWalsenderIsRetryable(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
 	c, slot, start := streamConnAt(t, dsn)
+	// The walsender is what is terminated: a catch-up, which the shared
+	// server's WAL of other tests may start, holds no active_pid.
+	c.NoCatchUpForTest()
 	execSQL(t, admin, "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)")
 
 	var firstEnd canonical.Position
@@ -509,6 +512,7 @@ func TestStreamSlowEmitKeepsTheSession(t *testing.T) {
 	defer admin.Close(ctx)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY, pad text)")
 	c, slot, start := streamConnAt(t, dsn)
+	c.NoCatchUpForTest() // the walsender's timeout is the subject: no catch-up of the 5 MB backlog
 	// Enough rows that the decoded batches fill up while emit sleeps, so
 	// the reader is held back too and cannot see the server's keepalives.
 	const rows = 20000
@@ -604,6 +608,9 @@ func TestBackupIncrementalBound(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY, note text)")
 	c, slot, since := streamConnAt(t, dsn)
+	// The test waits for the walsender to take the slot; a catch-up would
+	// read up to the bound without one.
+	c.NoCatchUpForTest()
 
 	execSQL(t, admin, "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)",
 		"INSERT INTO t SELECT i, 'bulk' FROM generate_series(100, 30099) i")
