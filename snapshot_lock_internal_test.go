@@ -5,11 +5,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/siphontest"
 )
 
@@ -74,4 +76,33 @@ func TestLockRelationsNeverHoldsWhileWaiting(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"lines", "orders"}, held, "the copy holds both tables once it returns")
 	exec(lead, `COMMIT`)
+}
+
+// TestLockRelationsKeepsTheLockTimeout: a session whose lock_timeout ends
+// the wait for a table another session holds gets the error, as before
+// the copy learned to wait for one table alone, instead of waiting again.
+func TestLockRelationsKeepsTheLockTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := siphontest.Start(t).NewDatabase(t)
+	connect := func() *pgx.Conn {
+		conn, err := pgx.Connect(ctx, dsn)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn
+	}
+	admin, lead := connect(), connect()
+	_, err := admin.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY)`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	defer admin.Exec(ctx, `COMMIT`)
+	_, err = lead.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL lock_timeout = '100ms'`)
+	require.NoError(t, err)
+	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = lockRelations(bounded, lead, []*relPlan{{name: canonical.TableName{Schema: "public", Name: "orders"}}})
+	require.Error(t, err)
+	assert.NoError(t, bounded.Err(), "lockRelations returned at the lock_timeout, not at the caller's deadline")
+	assert.True(t, pgerr.Is(err, pgerrcode.LockNotAvailable), "the lock_timeout's error: %v", err)
 }

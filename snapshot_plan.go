@@ -338,6 +338,7 @@ func lockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan) error {
 // for rels[awaited] (when awaited is not -1) and takes the others only if
 // no session holds or awaits a conflicting lock. It returns the index of
 // the first relation it could not take, or -1 when it holds all of them.
+// The wait ends only as the session's lock_timeout says (an error).
 func tryLockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan, awaited int) (busy int, err error) {
 	order := make([]int, 0, len(rels))
 	if awaited >= 0 {
@@ -367,7 +368,7 @@ func tryLockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan, awaite
 		_, err := res.Exec()
 		switch {
 		case err == nil:
-		case pgerr.Is(err, pgerrcode.LockNotAvailable):
+		case pgerr.Is(err, pgerrcode.LockNotAvailable) && i != awaited:
 			return i, nil
 		case pgerr.Is(err, pgerrcode.UndefinedTable):
 			return -1, &SchemaIncompatibleError{Table: rels[i].name, Problem: "the table was renamed or dropped after the snapshot"}
