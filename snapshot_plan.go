@@ -338,7 +338,7 @@ func lockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan) error {
 // for rels[awaited] (when awaited is not -1) and takes the others only if
 // no session holds or awaits a conflicting lock. It returns the index of
 // the first relation it could not take, or -1 when it holds all of them.
-// The wait ends only as the session's lock_timeout says (an error).
+// The wait ends only with ctx or at the session's lock_timeout (an error).
 func tryLockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan, awaited int) (busy int, err error) {
 	order := make([]int, 0, len(rels))
 	if awaited >= 0 {
