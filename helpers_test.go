@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -142,8 +144,48 @@ func execSQL(tb testing.TB, conn *pgx.Conn, statements ...string) {
 	tb.Helper()
 	for _, s := range statements {
 		_, err := conn.Exec(context.Background(), s)
-		require.NoError(tb, err, s)
+		require.NoError(tb, err, "%s%s", s, explainSQLError(conn, err))
 	}
+}
+
+// explainSQLError returns what the server said of err beyond its message
+// (its detail: for a deadlock, which process waited for which lock) and,
+// for the processes and relations a deadlock names, what they are now,
+// for the failure's message; "" for no server error.
+func explainSQLError(conn *pgx.Conn, err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Detail == "" {
+		return ""
+	}
+	out := "\n" + pgErr.Detail
+	if pgErr.Code != pgerrcode.DeadlockDetected {
+		return out
+	}
+	// A session of its own: conn's transaction may be aborted.
+	ctx := context.Background()
+	conn, err = pgx.ConnectConfig(ctx, conn.Config().Copy())
+	if err != nil {
+		return out
+	}
+	defer conn.Close(ctx)
+	for _, m := range regexp.MustCompile(`relation (\d+) of database`).FindAllStringSubmatch(pgErr.Detail, -1) {
+		var name string
+		if conn.QueryRow(ctx, "SELECT $1::oid::regclass::text", m[1]).Scan(&name) == nil {
+			out += fmt.Sprintf("\nrelation %s is %s", m[1], name)
+		}
+	}
+	seen := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?i)process (\d+)`).FindAllStringSubmatch(pgErr.Detail, -1) {
+		if seen[m[1]] {
+			continue
+		}
+		seen[m[1]] = true
+		var app, state, query string
+		if conn.QueryRow(ctx, `SELECT application_name, coalesce(state, ''), query FROM pg_stat_activity WHERE pid = $1::int`, m[1]).Scan(&app, &state, &query) == nil {
+			out += fmt.Sprintf("\nprocess %s (%s, %s) now runs: %s", m[1], app, state, query)
+		}
+	}
+	return out
 }
 
 // connect opens a siphon.Conn closed when the test ends (tests that check
