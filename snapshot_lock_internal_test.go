@@ -15,6 +15,21 @@ import (
 	"github.com/siphondb/siphon/siphontest"
 )
 
+// newSessions opens n sessions on a new database of siphontest's server,
+// closed when the test ends.
+func newSessions(t *testing.T, n int) []*pgx.Conn {
+	t.Helper()
+	dsn := siphontest.Start(t).NewDatabase(t)
+	sessions := make([]*pgx.Conn, n)
+	for i := range sessions {
+		conn, err := pgx.Connect(context.Background(), dsn)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		sessions[i] = conn
+	}
+	return sessions
+}
+
 // TestLockRelationsNeverHoldsWhileWaiting: the copy's first session locks
 // lines, then orders, while a transaction that empties them holds orders
 // and then needs lines (TRUNCATE ... CASCADE locks a table, then the tables
@@ -25,14 +40,8 @@ import (
 func TestLockRelationsNeverHoldsWhileWaiting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := siphontest.Start(t).NewDatabase(t)
-	connect := func() *pgx.Conn {
-		conn, err := pgx.Connect(ctx, dsn)
-		require.NoError(t, err)
-		t.Cleanup(func() { conn.Close(context.Background()) })
-		return conn
-	}
-	admin, lead, reset := connect(), connect(), connect()
+	sessions := newSessions(t, 3)
+	admin, lead, reset := sessions[0], sessions[1], sessions[2]
 	exec := func(conn *pgx.Conn, sql string) {
 		t.Helper()
 		_, err := conn.Exec(ctx, sql)
@@ -84,14 +93,8 @@ func TestLockRelationsNeverHoldsWhileWaiting(t *testing.T) {
 func TestLockRelationsKeepsTheLockTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := siphontest.Start(t).NewDatabase(t)
-	connect := func() *pgx.Conn {
-		conn, err := pgx.Connect(ctx, dsn)
-		require.NoError(t, err)
-		t.Cleanup(func() { conn.Close(context.Background()) })
-		return conn
-	}
-	admin, lead := connect(), connect()
+	sessions := newSessions(t, 2)
+	admin, lead := sessions[0], sessions[1]
 	_, err := admin.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY)`)
 	require.NoError(t, err)
 	_, err = admin.Exec(ctx, `BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE`)
