@@ -40,7 +40,10 @@ import (
 // decoding message recording the last transaction's end) and advances the
 // slot to it, so an idle slot does not pin WAL; a later restart from that
 // last OpCommit Position is still accepted, since the heartbeat vouches that
-// nothing was published in between (see [WithHeartbeat]).
+// nothing was published in between (see [WithHeartbeat]). A consumer that
+// makes transactions durable after emit returns (a queue acknowledging
+// asynchronously) tells the stream how far through [StreamOptions].Durable
+// of [Conn.StreamChangesWith] instead.
 //
 // StreamChanges runs until ctx is cancelled, which is the normal stop: it
 // then returns the Position to resume from and nil. A ctx that reaches its
@@ -86,21 +89,8 @@ import (
 // (pg_replication_slot_advance) only to what was acknowledged. With no
 // room for a copy of the slot or a session, the stream reads everything
 // through the walsender.
-func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (_ canonical.Position, err error) {
-	defer func() { c.countError(ctx, err) }()
-	if emit == nil {
-		return from, errorf("siphon: stream changes: the emit function: %w", ErrNilArgument)
-	}
-	release, err := c.claimStream()
-	if err != nil {
-		return from, errorf("siphon: stream changes: %w", err)
-	}
-	defer release()
-	res, err := c.stream(ctx, streamConfig{from: from}, emit)
-	if err == nil {
-		err = stopReason(ctx, "stream changes", res.resume)
-	}
-	return res.resume, err
+func (c *Conn) StreamChanges(ctx context.Context, from canonical.Position, emit func(canonical.Change) error) (canonical.Position, error) {
+	return c.StreamChangesWith(ctx, from, StreamOptions{}, emit)
 }
 
 // claimStream marks the Conn as streaming its slot, or returns

@@ -338,12 +338,13 @@ func (st *streamState) settled() bool {
 	return st.cfg.durable == nil || canonical.Position(st.cfg.durable.Load()) >= st.lastEnd
 }
 
-// syncDurable acknowledges what the consumer reports durable, when it does.
+// syncDurable acknowledges what the consumer reports durable, when it
+// does, never past the last transaction handled.
 func (st *streamState) syncDurable() {
 	if st.cfg.durable == nil || st.cfg.holdAck {
 		return
 	}
-	if d := canonical.Position(st.cfg.durable.Load()); d > st.ackedPos() {
+	if d := min(canonical.Position(st.cfg.durable.Load()), st.lastEnd); d > st.ackedPos() {
 		st.acked.Store(uint64(d))
 	}
 }

@@ -112,6 +112,9 @@ func TestStreamStateAcknowledgement(t *testing.T) {
 		_, _, err = feed(st, heartbeatItem(t, 0x400, testSlot, 0x380, 0x3f0))
 		require.NoError(t, err)
 		assert.Equal(t, canonical.Position(0x280), st.ackedPos(), "a heartbeat does not vouch past what is not durable")
+		durable.Store(0x900)
+		st.syncDurable()
+		assert.Equal(t, canonical.Position(0x380), st.ackedPos(), "never past the last transaction handled, whatever the consumer says")
 	})
 	t.Run("a heartbeat moves it past the last transaction", func(t *testing.T) {
 		st, got := newTestState(streamConfig{from: 0x100})

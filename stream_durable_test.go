@@ -1,0 +1,120 @@
+package siphon_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
+)
+
+// TestStreamChangesWithDurableAcknowledgesWhatTheConsumerMadeDurable: emit
+// returns at once for every transaction, and the slot moves only as far
+// as the consumer says it made durable, never past the last transaction
+// emitted however far it says; a consumer that stops resumes from its
+// durable Position and gets again what it had not made durable.
+func TestStreamChangesWithDurableAcknowledgesWhatTheConsumerMadeDurable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
+	c, slot, start := streamConnAt(t, dsn, siphon.WithStatusInterval(20*time.Millisecond))
+	execSQL(t, admin, "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)", "INSERT INTO t VALUES (3)")
+
+	var durable siphon.DurablePosition
+	ends := make(chan canonical.Position, 3)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	var returned canonical.Position
+	go func() {
+		var err error
+		returned, err = c.StreamChangesWith(runCtx, start, siphon.StreamOptions{Durable: &durable}, func(ch canonical.Change) error {
+			if ch.Op == canonical.OpCommit {
+				ends <- ch.Position
+			}
+			return nil
+		})
+		done <- err
+	}()
+	first, _, third := <-ends, <-ends, <-ends
+	assert.GreaterOrEqual(t, durable.Position(), start, "where the stream starts is durable")
+
+	// Three transactions emitted, none durable: the slot stays.
+	time.Sleep(200 * time.Millisecond)
+	assert.Less(t, slotConfirmed(t, admin, slot), first, "the slot moved before anything was durable")
+
+	durable.Set(first)
+	waitFor(t, "the slot moves to the first transaction", func() bool { return slotConfirmed(t, admin, slot) == first })
+	time.Sleep(200 * time.Millisecond)
+	assert.Equal(t, first, slotConfirmed(t, admin, slot), "the slot went past what was durable")
+
+	stop()
+	require.NoError(t, <-done)
+	assert.Equal(t, third, returned, "the end of the last transaction emitted")
+
+	// Resumed from the first: the two it had not made durable come again.
+	// A consumer that claims more than it received moves the slot no
+	// further than the last transaction emitted.
+	execSQL(t, admin, "INSERT INTO t VALUES (4)")
+	var ids []string
+	lastEnd := make(chan canonical.Position, 1)
+	runCtx, stop = context.WithCancel(ctx)
+	defer stop()
+	var again siphon.DurablePosition
+	go func() {
+		var err error
+		_, err = c.StreamChangesWith(runCtx, first, siphon.StreamOptions{Durable: &again}, func(ch canonical.Change) error {
+			switch ch.Op {
+			case canonical.OpInsert:
+				ids = append(ids, text(t, ch.New[0]))
+			case canonical.OpCommit:
+				if len(ids) == 3 {
+					lastEnd <- ch.Position
+				}
+			}
+			return nil
+		})
+		done <- err
+	}()
+	last := <-lastEnd
+	again.Set(last + 1<<20)
+	waitFor(t, "the slot moves to the last transaction", func() bool { return slotConfirmed(t, admin, slot) >= last })
+	stop()
+	require.NoError(t, <-done)
+	assert.Equal(t, []string{"2", "3", "4"}, ids)
+	assert.Equal(t, last, slotConfirmed(t, admin, slot), "the slot went past the last transaction emitted")
+}
+
+// TestStreamChangesWithNilEmit: a nil emit is refused before anything is
+// done, and the durable position is left as it was.
+func TestStreamChangesWithNilEmit(t *testing.T) {
+	t.Parallel()
+	dsn, _ := newDatabase(t)
+	c, _, start := streamConnAt(t, dsn)
+	var durable siphon.DurablePosition
+	durable.Set(start - 1)
+	_, err := c.StreamChangesWith(context.Background(), start, siphon.StreamOptions{Durable: &durable}, nil)
+	assert.ErrorIs(t, err, siphon.ErrNilArgument)
+	assert.Equal(t, start-1, durable.Position())
+}
+
+// TestDurablePositionOnlyMovesForward: Set from many goroutines keeps the
+// greatest Position.
+func TestDurablePositionOnlyMovesForward(t *testing.T) {
+	t.Parallel()
+	var durable siphon.DurablePosition
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() { durable.Set(canonical.Position(1000 + i*(i%7))) })
+	}
+	wg.Wait()
+	assert.Equal(t, canonical.Position(1000+62*6), durable.Position())
+	durable.Set(5)
+	assert.Equal(t, canonical.Position(1000+62*6), durable.Position(), "a Position behind the one held is ignored")
+}
