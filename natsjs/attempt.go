@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
@@ -13,7 +12,8 @@ import (
 
 // attempt is one run of the slot into the stream: it reads where the
 // stream stands, streams the slot from there, and ends at the first
-// failure. Only the goroutine running StreamChanges' emit uses it.
+// failure. Only the goroutine running StreamChanges' emit uses it; acks
+// awaits JetStream's answers in a goroutine of its own.
 //
 // Every message expects the stream's last sequence to be the one before it
 // (Nats-Expected-Last-Sequence), so JetStream stores the messages in the
@@ -50,10 +50,10 @@ type attempt struct {
 	// written by lines.
 	batch batch
 	lines *changeLines
-	// pending holds the messages published and not yet acknowledged, oldest
-	// first, and pendingBytes their size.
-	pending      []pendingMsg
-	pendingBytes int
+	// acks awaits the acknowledgements of the messages published, and
+	// streamCtx is the attempt's stream, which it stops on a failure.
+	acks      *acks
+	streamCtx context.Context
 }
 
 // msgKey orders a slot's messages: by commit Position, then index.
@@ -64,14 +64,6 @@ type msgKey struct {
 
 func (k msgKey) after(o msgKey) bool {
 	return k.commit > o.commit || k.commit == o.commit && k.index > o.index
-}
-
-// pendingMsg is a message waiting for its acknowledgement.
-type pendingMsg struct {
-	fut     jetstream.PubAckFuture
-	seq     uint64 // where it must be stored
-	size    int
-	subject string
 }
 
 func (p *Publisher) newAttempt(ctx context.Context, systemID string) *attempt {
@@ -90,11 +82,22 @@ func (a *attempt) run(c *siphon.Conn) error {
 		return err
 	}
 	a.p.log.Info("natsjs: publishing", "from", from, "stream_last_seq", a.seq)
-	_, err = c.StreamChanges(a.ctx, from, a.emit)
+	streamCtx, stop := context.WithCancelCause(a.ctx)
+	defer stop(nil)
+	a.streamCtx, a.acks = streamCtx, newAcks(&a.p.cfg, stop)
+	go a.acks.run(a.ctx)
+	// The slot is acknowledged as far as JetStream has stored whole
+	// transactions, not when emit returns.
+	_, err = c.StreamChangesWith(streamCtx, from, siphon.StreamOptions{Durable: &a.acks.durable}, a.emit)
 	// What is still in flight is settled (stored or not) before the next
 	// attempt reads the stream.
-	for len(a.pending) > 0 && a.ctx.Err() == nil {
-		_ = a.awaitOldest()
+	last, published, ackErr := a.acks.finish()
+	if last != 0 {
+		a.last = last
+	}
+	a.published = published
+	if ackErr != nil {
+		return ackErr
 	}
 	return err
 }
@@ -139,23 +142,19 @@ func (a *attempt) emit(ch canonical.Change) error {
 		// slot is acknowledged past it, so the stream must hold its end, or
 		// resuming from the stream would be behind the slot.
 		a.tx.end, a.tx.count, a.tx.prevEnd = ch.Position, a.tx.index, a.prev
-		if index, publish := a.next(); publish {
-			data, err := canonical.AppendChange(nil, &ch)
-			if err != nil {
-				return fmt.Errorf("natsjs: the commit marker: %w", err)
-			}
-			if err := a.send(CommitSubject(prefix), index, 1, data, markerMsg); err != nil {
-				return err
-			}
+		// The transaction is durable once JetStream has stored its marker
+		// and, before it, every message of it (acks).
+		index, publish := a.next()
+		if !publish {
+			a.prev = ch.Position
+			return a.acks.add(a.streamCtx, pendingMsg{end: ch.Position})
 		}
-		// The slot is acknowledged to this commit once emit returns: only
-		// after JetStream has stored every message of the transaction.
-		for len(a.pending) > 0 {
-			if err := a.awaitOldest(); err != nil {
-				return err
-			}
+		data, err := canonical.AppendChange(nil, &ch)
+		if err != nil {
+			return fmt.Errorf("natsjs: the commit marker: %w", err)
 		}
-		a.last, a.prev = ch.Position, ch.Position
+		a.prev = ch.Position
+		return a.send(CommitSubject(prefix), index, 1, data, markerMsg)
 	}
 	return nil
 }
@@ -205,9 +204,9 @@ const (
 )
 
 // send publishes data, the open transaction's n changes from index (its
-// commit marker at index), on subject, and waits for the oldest
-// acknowledgements while more than the limits are pending. JetStream keeps
-// data until it acknowledges it: the caller does not reuse it.
+// commit marker at index), on subject, once it fits in the window of
+// messages awaiting their acknowledgement. JetStream keeps data until it
+// acknowledges it: the caller does not reuse it.
 func (a *attempt) send(subject string, index, n int, data []byte, kind msgKind) error {
 	h := a.tx
 	h.index, h.changes = index, n
@@ -219,45 +218,20 @@ func (a *attempt) send(subject string, index, n int, data []byte, kind msgKind) 
 	if int64(size) > a.maxSize {
 		return &MessageTooLargeError{Subject: subject, Commit: h.commit, Size: size, Max: a.maxSize}
 	}
+	if err := a.acks.reserve(a.streamCtx, size); err != nil {
+		return err
+	}
 	fut, err := a.p.js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data, Header: hdr})
 	if err != nil {
+		a.acks.release(size)
 		return &publishError{op: "publish " + subject + " (" + hdr.Get(nats.MsgIdHdr) + ")", err: err}
 	}
 	a.seq++
-	a.pending = append(a.pending, pendingMsg{fut: fut, seq: a.seq, size: size, subject: subject})
-	a.pendingBytes += size
-	for len(a.pending) > a.p.cfg.MaxPending || a.pendingBytes > a.p.cfg.MaxPendingBytes {
-		if err := a.awaitOldest(); err != nil {
-			return err
-		}
+	m := pendingMsg{fut: fut, seq: a.seq, size: size, subject: subject}
+	if kind == markerMsg {
+		m.end = h.end
 	}
-	return nil
-}
-
-// awaitOldest waits for the oldest pending message's acknowledgement, and
-// checks that JetStream stored it where it was expected.
-func (a *attempt) awaitOldest() error {
-	m := a.pending[0]
-	a.pending = a.pending[1:]
-	a.pendingBytes -= m.size
-	op := func() string {
-		return fmt.Sprintf("publish %s (%s)", m.subject, m.fut.Msg().Header.Get(nats.MsgIdHdr))
-	}
-	select {
-	case ack := <-m.fut.Ok():
-		// A duplicate at the expected sequence is the message itself, stored
-		// by an earlier attempt whose acknowledgement was lost.
-		if ack.Stream != a.p.cfg.Stream || ack.Sequence != m.seq {
-			return &publishError{op: op(), err: fmt.Errorf("stored in stream %q at sequence %d, not %q at %d (duplicate: %t)",
-				ack.Stream, ack.Sequence, a.p.cfg.Stream, m.seq, ack.Duplicate)}
-		}
-		a.published++
-		return nil
-	case err := <-m.fut.Err():
-		return &publishError{op: op(), err: err}
-	case <-a.ctx.Done():
-		return a.ctx.Err()
-	}
+	return a.acks.add(a.streamCtx, m)
 }
 
 // headerSize is the size of h on the wire (NATS/1.0 header block).

@@ -124,10 +124,13 @@
 // # Exactly once
 //
 // The slot is acknowledged to a transaction's end only once JetStream has
-// acknowledged every one of its messages: they are published
-// asynchronously, at most Config.MaxPending (and Config.MaxPendingBytes)
-// unacknowledged at a time, so memory stays bounded however large a
-// transaction is, and all are waited for at the commit. Each message
+// acknowledged every one of its messages, its commit marker last: they
+// are published asynchronously, at most Config.MaxPending (and
+// Config.MaxPendingBytes) unacknowledged at a time, so memory stays
+// bounded however large a transaction is. The acknowledgements are
+// awaited in order beside the publishing, which goes on into the next
+// transactions meanwhile; the slot learns what is stored through
+// siphon.StreamOptions.Durable, every status interval. Each message
 // expects the stream's last sequence to be the one before it
 // (Nats-Expected-Last-Sequence): if one is lost (a leader change, a node
 // stopped, a connection cut), every later one is refused, so the stream
@@ -155,11 +158,11 @@
 // for the refusal. The stream never stores it; a core NATS subscriber of
 // <prefix>.commit receives it, and should read the stream instead.
 //
-// Waiting for the acknowledgements at each commit costs a round trip to
-// the stream's leader per transaction: a workload of small transactions is
-// bound by that latency, large ones by the work per message, which
-// MaxChangesPerMessage divides (docs/performance.md in the repository has
-// the figures).
+// No commit waits for its acknowledgements, so a workload of small
+// transactions is not bound by the round trip to the stream's leader: what
+// bounds a Publisher is the work per message, which MaxChangesPerMessage
+// divides for large transactions (docs/performance.md in the repository
+// has the figures).
 //
 // On the consuming side, a consumer that records the end Position of the
 // last transaction it handled, and resumes with it ([ConsumeConfig.After]),

@@ -1,0 +1,191 @@
+package natsjs
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/siphondb/siphon"
+	"github.com/siphondb/siphon/canonical"
+)
+
+// acks awaits JetStream's acknowledgements of an attempt's messages in
+// the order they were published, in a goroutine of its own (run), so that
+// the attempt publishes on without waiting for them, except to keep what
+// is unacknowledged within Config.MaxPending and MaxPendingBytes
+// (reserve). Once every message of a transaction is stored, the
+// transaction is durable: the stream acknowledges the slot up to it
+// (siphon.StreamOptions.Durable), never earlier.
+//
+// The first failure (an error, a timeout, a message stored elsewhere than
+// expected) is kept and stops the attempt's stream (stop). The messages
+// still in flight are awaited all the same, stored or not, so that the
+// next attempt reads a stream that no longer changes under it.
+type acks struct {
+	stream   string // the JetStream stream's name
+	maxCount int
+	maxBytes int
+	stop     context.CancelCauseFunc
+	durable  siphon.DurablePosition
+	queue    chan pendingMsg
+	freed    chan struct{} // holds a token when the window shrank
+	done     chan struct{} // closed when run returns
+
+	mu           sync.Mutex
+	count, bytes int // the window: messages published and not yet acknowledged
+	// err is the first failure.
+	err error
+	// last is the end of the last transaction stored; published counts
+	// the messages stored.
+	last      canonical.Position
+	published int
+}
+
+// pendingMsg is a message waiting for its acknowledgement or, with a nil
+// fut, the end of a transaction whose commit marker the stream held
+// already.
+type pendingMsg struct {
+	fut     jetstream.PubAckFuture
+	seq     uint64 // where it must be stored
+	size    int
+	subject string
+	// end is the end of the transaction the message completes (its commit
+	// marker), or zero.
+	end canonical.Position
+}
+
+func newAcks(cfg *Config, stop context.CancelCauseFunc) *acks {
+	return &acks{
+		stream: cfg.Stream, maxCount: cfg.MaxPending, maxBytes: cfg.MaxPendingBytes, stop: stop,
+		// The window bounds the messages in the queue; a transaction whose
+		// marker the stream held takes one place more, once per attempt.
+		queue: make(chan pendingMsg, cfg.MaxPending+1),
+		freed: make(chan struct{}, 1),
+		done:  make(chan struct{}),
+	}
+}
+
+// reserve waits until a message of size bytes fits in the window, then
+// counts it in. A message alone in the window always fits. It returns
+// the cause when ctx (the attempt's stream) ends first.
+func (k *acks) reserve(ctx context.Context, size int) error {
+	for {
+		k.mu.Lock()
+		if k.count == 0 || k.count < k.maxCount && k.bytes+size <= k.maxBytes {
+			k.count++
+			k.bytes += size
+			k.mu.Unlock()
+			return nil
+		}
+		k.mu.Unlock()
+		select {
+		case <-k.freed:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// add queues m, published after everything queued before it (or marking
+// a transaction's end). It returns the cause when ctx ends first.
+func (k *acks) add(ctx context.Context, m pendingMsg) error {
+	select {
+	case k.queue <- m:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// run awaits the queued messages in order until the queue is closed and
+// drained, or ctx (the attempt's) ends.
+func (k *acks) run(ctx context.Context) {
+	defer close(k.done)
+	for {
+		var m pendingMsg
+		select {
+		case next, ok := <-k.queue:
+			if !ok {
+				return
+			}
+			m = next
+		case <-ctx.Done():
+			return
+		}
+		if m.fut == nil {
+			k.stored(m)
+			continue
+		}
+		select {
+		case ack := <-m.fut.Ok():
+			// A duplicate at the expected sequence is the message itself,
+			// stored by an earlier attempt whose acknowledgement was lost.
+			if ack.Stream != k.stream || ack.Sequence != m.seq {
+				k.fail(m, fmt.Errorf("stored in stream %q at sequence %d, not %q at %d (duplicate: %t)",
+					ack.Stream, ack.Sequence, k.stream, m.seq, ack.Duplicate))
+			} else {
+				k.stored(m)
+			}
+		case err := <-m.fut.Err():
+			k.fail(m, err)
+		case <-ctx.Done():
+			return
+		}
+		k.release(m.size)
+	}
+}
+
+// stored records that m is in the stream, and with it, when it is a commit
+// marker, its whole transaction: unless something before it failed.
+func (k *acks) stored(m pendingMsg) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.err != nil {
+		return
+	}
+	if m.fut != nil {
+		k.published++
+	}
+	if m.end != 0 {
+		k.last = m.end
+		k.durable.Set(m.end)
+	}
+}
+
+// fail keeps the first failure and stops the attempt's stream.
+func (k *acks) fail(m pendingMsg, err error) {
+	perr := &publishError{op: fmt.Sprintf("publish %s (%s)", m.subject, m.fut.Msg().Header.Get(nats.MsgIdHdr)), err: err}
+	k.mu.Lock()
+	if k.err == nil {
+		k.err = perr
+	}
+	k.mu.Unlock()
+	k.stop(perr)
+}
+
+// release takes an acknowledged (or failed) message of size bytes out of
+// the window.
+func (k *acks) release(size int) {
+	k.mu.Lock()
+	k.count--
+	k.bytes -= size
+	k.mu.Unlock()
+	select {
+	case k.freed <- struct{}{}:
+	default:
+	}
+}
+
+// finish ends the queue and waits until run returns: every message
+// queued is settled, or the attempt's ctx ended. It returns the end of the
+// last transaction stored, the messages stored and the first failure.
+func (k *acks) finish() (last canonical.Position, published int, err error) {
+	close(k.queue)
+	<-k.done
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.last, k.published, k.err
+}

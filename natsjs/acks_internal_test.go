@@ -1,0 +1,147 @@
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// future is a PubAckFuture the test answers by hand.
+type future struct {
+	ok  chan *jetstream.PubAck
+	err chan error
+	msg *nats.Msg
+}
+
+func newFuture(id string) *future {
+	return &future{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1),
+		msg: &nats.Msg{Header: nats.Header{nats.MsgIdHdr: []string{id}}}}
+}
+
+func (f *future) Ok() <-chan *jetstream.PubAck { return f.ok }
+func (f *future) Err() <-chan error            { return f.err }
+func (f *future) Msg() *nats.Msg               { return f.msg }
+
+func (f *future) stored(stream string, seq uint64) {
+	f.ok <- &jetstream.PubAck{Stream: stream, Sequence: seq}
+}
+
+// startAcks returns acks for stream S with room for maxCount messages and
+// maxBytes, running until the test ends, and the context its failures
+// stop.
+func startAcks(t *testing.T, maxCount, maxBytes int) (*acks, context.Context) {
+	ctx, cancel := context.WithCancel(context.Background())
+	streamCtx, stop := context.WithCancelCause(ctx)
+	k := newAcks(&Config{Stream: "S", MaxPending: maxCount, MaxPendingBytes: maxBytes}, stop)
+	go k.run(ctx)
+	t.Cleanup(func() {
+		cancel()
+		<-k.done
+	})
+	return k, streamCtx
+}
+
+// queue reserves room for a message of size bytes stored at seq, ending
+// the transaction at end when end is nonzero, and queues it.
+func queue(t *testing.T, ctx context.Context, k *acks, seq uint64, size int, end canonical.Position) *future {
+	t.Helper()
+	f := newFuture("m" + canonical.Position(seq).String())
+	require.NoError(t, k.reserve(ctx, size))
+	require.NoError(t, k.add(ctx, pendingMsg{fut: f, seq: seq, size: size, subject: "s", end: end}))
+	return f
+}
+
+// TestAcksMakeATransactionDurableInOrder: a transaction is durable once
+// its marker and every message before it are stored, whatever order the
+// acknowledgements come in; after a failure nothing more is durable, the
+// attempt's stream is stopped, and what was in flight is still awaited.
+func TestAcksMakeATransactionDurableInOrder(t *testing.T) {
+	t.Parallel()
+	k, streamCtx := startAcks(t, 16, 1<<20)
+	durable := func() canonical.Position { return k.durable.Position() }
+	change1, marker1 := queue(t, streamCtx, k, 1, 10, 0), queue(t, streamCtx, k, 2, 10, 0x100)
+	change2, marker2 := queue(t, streamCtx, k, 3, 10, 0), queue(t, streamCtx, k, 4, 10, 0x200)
+	require.NoError(t, k.add(streamCtx, pendingMsg{end: 0x300})) // a marker the stream held
+
+	marker1.stored("S", 2)
+	time.Sleep(20 * time.Millisecond)
+	assert.Zero(t, durable(), "a marker stored before a change of its transaction")
+	change1.stored("S", 1)
+	require.Eventually(t, func() bool { return durable() == 0x100 }, 5*time.Second, time.Millisecond)
+
+	change2.err <- errors.New("no responders")
+	marker2.stored("S", 4)
+	require.Eventually(t, func() bool { return streamCtx.Err() != nil }, 5*time.Second, time.Millisecond, "the failure stops the stream")
+	var pe *publishError
+	require.ErrorAs(t, context.Cause(streamCtx), &pe)
+
+	last, published, err := k.finish()
+	require.ErrorAs(t, err, &pe)
+	assert.Contains(t, err.Error(), "no responders")
+	assert.Equal(t, canonical.Position(0x100), last)
+	assert.Equal(t, 2, published)
+	assert.Equal(t, canonical.Position(0x100), durable(), "nothing after a failure is durable")
+}
+
+// TestAcksRefuseAMessageStoredElsewhere: a message stored at another
+// sequence (or in another stream) than expected is a failure.
+func TestAcksRefuseAMessageStoredElsewhere(t *testing.T) {
+	t.Parallel()
+	for name, store := range map[string]func(*future){
+		"another sequence": func(f *future) { f.stored("S", 7) },
+		"another stream":   func(f *future) { f.stored("T", 1) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			k, streamCtx := startAcks(t, 16, 1<<20)
+			store(queue(t, streamCtx, k, 1, 10, 0x100))
+			_, _, err := k.finish()
+			var pe *publishError
+			require.ErrorAs(t, err, &pe)
+			assert.Zero(t, k.durable.Position())
+		})
+	}
+}
+
+// TestAcksWindow: reserve waits while the window holds its most messages
+// or bytes, lets a message larger than the byte limit go alone, and gives
+// up when the attempt's stream ends.
+func TestAcksWindow(t *testing.T) {
+	t.Parallel()
+	k, streamCtx := startAcks(t, 2, 100)
+	first := queue(t, streamCtx, k, 1, 60, 0)
+	second := queue(t, streamCtx, k, 2, 30, 0)
+
+	reserved := make(chan error, 1)
+	go func() { reserved <- k.reserve(streamCtx, 10) }()
+	select {
+	case err := <-reserved:
+		t.Fatalf("a third message fits in a window of two: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	first.stored("S", 1)
+	require.NoError(t, <-reserved, "room once the oldest is stored")
+	require.NoError(t, k.add(streamCtx, pendingMsg{fut: newFuture("m3"), seq: 3, size: 10, subject: "s"}))
+
+	second.stored("S", 2)
+	go func() { reserved <- k.reserve(streamCtx, 95) }() // 10 + 95 > 100
+	select {
+	case err := <-reserved:
+		t.Fatalf("95 bytes fit beside 10 within 100: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+
+	k.stop(errors.New("the stream stopped"))
+	assert.EqualError(t, <-reserved, "the stream stopped", "the wait ends with the stream")
+
+	alone, stop := startAcks(t, 2, 100)
+	require.NoError(t, alone.reserve(stop, 500), "a message larger than the byte limit goes alone")
+}
