@@ -105,6 +105,77 @@ func ExampleConn_StreamChanges() {
 	// update orders 1 shipped
 }
 
+// A consumer that makes transactions durable after emit returns (a queue
+// that acknowledges asynchronously, a writer that saves them in batches)
+// says how far it got through StreamOptions.Durable: the slot is
+// acknowledged only that far, so what it had not saved when it stopped
+// comes again when it resumes from its durable Position.
+func ExampleConn_StreamChangesWith() {
+	ctx := context.Background()
+	dsn, admin, stop, err := exampleDatabase(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+	c, err := siphon.Connect(ctx, dsn, siphon.WithSlot("orders_saver"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	from, err := c.CurrentPosition(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, id := range []string{"1", "2", "3"} {
+		admin.Exec(ctx, "INSERT INTO orders VALUES ("+id+", 'new')")
+	}
+
+	var durable siphon.DurablePosition
+	streamCtx, cancel := context.WithCancel(ctx)
+	transactions := make(chan []canonical.Change, 64)
+	saved := make(chan struct{})
+	go func() { // the saver, in its own time
+		defer close(saved)
+		for range 3 {
+			tx := <-transactions
+			for _, ch := range tx[1 : len(tx)-1] { // between OpBegin and OpCommit
+				id, _ := ch.Value("id")
+				fmt.Println("saved", ch.Op, ch.Table, id)
+			}
+			// Once the transaction is saved for good (a file synced, a
+			// queue's acknowledgement):
+			durable.Set(tx[len(tx)-1].Position)
+		}
+		cancel()
+	}()
+	var tx []canonical.Change
+	_, err = c.StreamChangesWith(streamCtx, from, siphon.StreamOptions{Durable: &durable}, func(ch canonical.Change) error {
+		tx = append(tx, ch)
+		if ch.Op == canonical.OpCommit {
+			transactions <- tx // and on at once: the slot waits for durable
+			tx = nil
+		}
+		return nil
+	})
+	<-saved
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	var confirmed string
+	admin.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'orders_saver'").Scan(&confirmed)
+	at, _ := canonical.ParsePosition(confirmed)
+	fmt.Println("the slot stands at what was saved, or past it:", at >= durable.Position())
+	// Output:
+	// saved insert orders 1
+	// saved insert orders 2
+	// saved insert orders 3
+	// the slot stands at what was saved, or past it: true
+}
+
 // Incremental backups form a chain: each starts where the previous one
 // ended. A transaction still open when one is taken goes into the next.
 func ExampleConn_BackupIncremental() {

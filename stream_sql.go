@@ -218,7 +218,6 @@ func (c *Conn) catchUp(ctx context.Context, st *streamState, options []string, g
 		// position now. Best effort, but that another session took the slot
 		// meanwhile is the stream's error, as the walsender would say.
 		final, cancel := cleanupContext(ctx)
-		st.syncDurable()
 		if aerr := c.advanceSlot(final, st.ackedPos()); err == nil && errors.Is(aerr, ErrSlotInUse) {
 			err = aerr
 		}

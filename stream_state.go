@@ -123,6 +123,9 @@ func (st *streamState) resumePos() canonical.Position { return st.lastEnd }
 // (through heartbeatRequests, nil for none) when the stream is idle.
 func (st *streamState) loop(ctx context.Context, in <-chan []walwire.Item, free chan<- []walwire.Item, heartbeatRequests chan<- struct{}, tickEvery time.Duration) (streamResult, error) {
 	st.lastEndShared.Store(uint64(st.lastEnd))
+	// What the consumer made durable up to the stop goes into the final
+	// acknowledgement.
+	defer st.syncDurable()
 	tick := time.NewTicker(tickEvery)
 	defer tick.Stop()
 	for {
