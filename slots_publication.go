@@ -100,6 +100,28 @@ func (c *Conn) plan(tables []userTable) (publicationPlan, error) {
 	return p, nil
 }
 
+// lockForPublication takes, up front, the locks that a transaction which
+// creates or changes publications takes on user tables (lockTables):
+// SHARE UPDATE EXCLUSIVE on the tables CREATE or ALTER PUBLICATION names,
+// and ACCESS EXCLUSIVE on those, partitions included, that are given
+// REPLICA IDENTITY FULL. A publication statement locks its tables one
+// after another in its list's order, waiting for each while it holds the
+// ones before: a user's TRUNCATE ... CASCADE, which locks a table before
+// the tables that reference it, would deadlock with it.
+func lockForPublication(ctx context.Context, tx pgx.Tx, named, full []canonical.TableName) error {
+	locks := make([]tableLock, 0, len(named)+len(full))
+	for _, t := range named {
+		locks = append(locks, tableLock{table: t, mode: shareUpdateExclusive, only: true})
+	}
+	for _, t := range full {
+		locks = append(locks, tableLock{table: t, mode: accessExclusive})
+	}
+	if len(locks) == 0 {
+		return nil
+	}
+	return lockTables(ctx, tx, locks)
+}
+
 // ensurePublication creates the publication when it is missing (see the
 // top of this file), and otherwise checks that it matches the options and
 // the tables (see checkPublication). It returns what it created, for
@@ -302,6 +324,9 @@ func (c *Conn) createPublication(ctx context.Context, tx pgx.Tx, made *madePubli
 	}
 	p, err := c.plan(tables)
 	if err != nil {
+		return err
+	}
+	if err := lockForPublication(ctx, tx, slices.Concat(p.main, p.inserts), p.full); err != nil {
 		return err
 	}
 	if made.identities, err = setReplicaIdentityFull(ctx, tx, p.full); err != nil {
@@ -707,9 +732,6 @@ func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.Tabl
 	if err != nil {
 		return nil, err
 	}
-	if _, err := setReplicaIdentityFull(ctx, tx, p.full); err != nil { // kept: the publication stays too
-		return nil, err
-	}
 	var added []canonical.TableName
 	alter := func(pub, verb string, ts []canonical.TableName) error {
 		if len(ts) == 0 {
@@ -729,6 +751,12 @@ func (c *Conn) syncPublication(ctx context.Context, tx pgx.Tx) ([]canonical.Tabl
 		return slices.Contains(p.main, t) || slices.Contains(s.bySchema, t) // one held by its schema cannot leave
 	})
 	insertsGone := slices.DeleteFunc(slices.Clone(s.insertsOnly), func(t canonical.TableName) bool { return !slices.Contains(p.main, t) })
+	if err := lockForPublication(ctx, tx, slices.Concat(unsafe, insertsGone, addMain, addInserts), p.full); err != nil {
+		return nil, err
+	}
+	if _, err := setReplicaIdentityFull(ctx, tx, p.full); err != nil { // kept: the publication stays too
+		return nil, err
+	}
 	for _, step := range []struct {
 		pub, verb string
 		tables    []canonical.TableName

@@ -2,6 +2,7 @@ package siphon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -312,74 +313,20 @@ func newRelPlan(g *copyGroup, r *relAtSnapshot) (*relPlan, error) {
 }
 
 // lockRelations takes ACCESS SHARE locks on every relation to copy, in the
-// lead session, for the rest of the copy. It never waits for one lock while
-// it holds another: a statement that holds an ACCESS EXCLUSIVE lock on one
-// of them and waits for another (TRUNCATE ... CASCADE locks a table, then
-// the tables that reference it) would deadlock with it. It asks for all of
-// them without waiting; when another session holds or awaits one, it lets
-// go of the rest, waits for that one alone, and asks again. A relation
-// whose name no longer resolves was renamed or dropped after the snapshot.
+// lead session, for the rest of the copy, without waiting for one while it
+// holds another (lockTables). A relation whose name no longer resolves was
+// renamed or dropped after the snapshot.
 func lockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan) error {
-	awaited := -1
-	for {
-		busy, err := tryLockRelations(ctx, tx, rels, awaited)
-		if err != nil || busy < 0 {
-			return err
-		}
-		// The savepoint's rollback releases the locks taken after it.
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT siphon_locks"); err != nil {
-			return fmt.Errorf("release locks: %w", err)
-		}
-		awaited = busy
+	locks := make([]tableLock, len(rels))
+	for i, r := range rels {
+		locks[i] = tableLock{table: r.name, mode: accessShare, only: true}
 	}
-}
-
-// tryLockRelations locks rels in a savepoint, in one round trip: it waits
-// for rels[awaited] (when awaited is not -1) and takes the others only if
-// no session holds or awaits a conflicting lock. It returns the index of
-// the first relation it could not take, or -1 when it holds all of them.
-// The wait ends only with ctx or at the session's lock_timeout (an error).
-func tryLockRelations(ctx context.Context, tx *pgx.Conn, rels []*relPlan, awaited int) (busy int, err error) {
-	order := make([]int, 0, len(rels))
-	if awaited >= 0 {
-		order = append(order, awaited)
+	err := lockTables(ctx, tx, locks)
+	var lerr *tableLockError
+	if errors.As(err, &lerr) && pgerr.Is(lerr.err, pgerrcode.UndefinedTable) {
+		return &SchemaIncompatibleError{Table: lerr.table, Problem: "the table was renamed or dropped after the snapshot"}
 	}
-	for i := range rels {
-		if i != awaited {
-			order = append(order, i)
-		}
-	}
-	batch := &pgx.Batch{}
-	batch.Queue("SAVEPOINT siphon_locks")
-	for _, i := range order {
-		stmt := "LOCK TABLE ONLY " + sqltext.Name(rels[i].name.Schema, rels[i].name.Name) + " IN ACCESS SHARE MODE"
-		if i != awaited {
-			stmt += " NOWAIT"
-		}
-		batch.Queue(stmt)
-	}
-	batch.Queue("RELEASE SAVEPOINT siphon_locks")
-	res := tx.SendBatch(ctx, batch)
-	defer res.Close()
-	if _, err := res.Exec(); err != nil {
-		return -1, fmt.Errorf("lock tables: %w", err)
-	}
-	for _, i := range order {
-		_, err := res.Exec()
-		switch {
-		case err == nil:
-		case pgerr.Is(err, pgerrcode.LockNotAvailable) && i != awaited:
-			return i, nil
-		case pgerr.Is(err, pgerrcode.UndefinedTable):
-			return -1, &SchemaIncompatibleError{Table: rels[i].name, Problem: "the table was renamed or dropped after the snapshot"}
-		default:
-			return -1, fmt.Errorf("lock %s: %w", rels[i].name, err)
-		}
-	}
-	if _, err := res.Exec(); err != nil {
-		return -1, fmt.Errorf("lock tables: %w", err)
-	}
-	return -1, res.Close()
+	return err
 }
 
 // lockRelationNoWait locks a relation in another copying session. The
