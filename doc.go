@@ -63,7 +63,9 @@
 // nothing twice and misses nothing.
 //
 // The slot is acknowledged only up to the end of a transaction whose
-// OpCommit callback returned nil. A resume that would silently skip changes
+// OpCommit callback returned nil (or, for a consumer that makes
+// transactions durable later, up to what it reports through
+// [StreamOptions].Durable of [Conn.StreamChangesWith]). A resume that would silently skip changes
 // (a Position behind the slot, a lost or dropped slot) is a
 // [*ResumeGapError]. Keepalives are answered while the callback is slow,
 // memory stays bounded however large a transaction is, and an idle slot

@@ -33,7 +33,8 @@ import (
 // table version: do not modify it.
 //
 // The slot's confirmed position advances only to the end of a transaction
-// whose OpCommit emit returned nil, so a consumer that records the Position
+// whose OpCommit emit returned nil (with [StreamOptions].Durable, to what
+// the consumer reports durable), so a consumer that records the Position
 // of the last OpCommit it handled can restart from it and see nothing twice
 // and miss nothing. When nothing is in flight and the server's WAL moves on
 // without published changes, siphon writes a heartbeat message (a logical

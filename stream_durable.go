@@ -16,8 +16,11 @@ type StreamOptions struct {
 	// written later): the slot is then acknowledged up to what Durable
 	// holds, every [WithStatusInterval] and when the stream stops, and no
 	// longer when emit returns for an OpCommit. Emit may return at once
-	// and the consumer finish in its own time. The call stores the
-	// Position it starts from in Durable first, replacing what it held.
+	// and the consumer finish in its own time. What becomes durable after
+	// the call returns is acknowledged by the next call. The call first
+	// stores in Durable the Position it resumes from (from, or the slot's
+	// position for a zero from), replacing what it held. One
+	// DurablePosition serves one stream at a time: Positions name no slot.
 	// Nil (the default): a transaction is acknowledged once emit returns
 	// nil for its OpCommit.
 	Durable *DurablePosition
@@ -30,12 +33,14 @@ type StreamOptions struct {
 type DurablePosition struct{ pos atomic.Uint64 }
 
 // Set records that every transaction up to pos is durable: pos is the
-// Position of an OpCommit the stream emitted (the transactions before it
-// are durable too). It only moves forward: a pos behind the one held is
-// ignored. The stream never acknowledges past the last transaction it
-// emitted, whatever pos says. A pos inside a transaction is acknowledged
-// as it is, and a later resume from that transaction's start is then
-// refused as a gap ([*ResumeGapError]): set only OpCommit Positions.
+// Position of an OpCommit the stream emitted, and the transactions before
+// it are durable too, so a consumer that finishes transactions out of
+// order sets only the end of the last one of an unbroken run. It only
+// moves forward: a pos behind the one held is ignored. The stream never
+// acknowledges past the last transaction it emitted, whatever pos says.
+// A pos inside a transaction is acknowledged as it is, and a later resume
+// from the end of the transaction before it is then refused as a gap
+// ([*ResumeGapError]): set only OpCommit Positions.
 func (d *DurablePosition) Set(pos canonical.Position) {
 	for {
 		held := d.pos.Load()
@@ -50,10 +55,18 @@ func (d *DurablePosition) Set(pos canonical.Position) {
 func (d *DurablePosition) Position() canonical.Position { return canonical.Position(d.pos.Load()) }
 
 // StreamChangesWith is [Conn.StreamChanges] with options. With
-// opt.Durable set, the Position it returns is the end of the last
-// transaction emitted, which may be past what the consumer made durable:
-// a consumer resumes from its own durable Position, and gets again what it
-// had not made durable.
+// opt.Durable set, three of StreamChanges' rules read differently:
+//   - the slot is acknowledged to what Durable holds, never further than
+//     the last transaction emitted, instead of to each OpCommit emit
+//     returned nil for;
+//   - the Position returned is still the end of the last transaction
+//     emitted, and may be past what the consumer made durable, and past
+//     the slot's confirmed position: a consumer resumes from its own
+//     durable Position (Durable's, when the call returns), and gets again
+//     what it had not made durable;
+//   - a heartbeat moves an idle slot on only once Durable has reached the
+//     last transaction emitted: a consumer that never sets Durable holds
+//     the slot's WAL.
 func (c *Conn) StreamChangesWith(ctx context.Context, from canonical.Position, opt StreamOptions, emit func(canonical.Change) error) (_ canonical.Position, err error) {
 	defer func() { c.countError(ctx, err) }()
 	if emit == nil {
@@ -66,10 +79,15 @@ func (c *Conn) StreamChangesWith(ctx context.Context, from canonical.Position, o
 	defer release()
 	cfg := streamConfig{from: from}
 	if d := opt.Durable; d != nil {
-		// Where the stream starts is durable: the consumer has everything
-		// before it, or the slot stands there.
+		// Where the consumer resumes from is durable: it has everything
+		// before it (or, for a zero from, the slot stands there). Not the
+		// slot's position when from is behind it: a resume that turns out
+		// to be a gap must not leave the consumer a Position past it.
 		cfg.durable = &d.pos
 		cfg.onStart = func(start canonical.Position, _ streamInfo) error {
+			if from != 0 {
+				start = from
+			}
 			d.pos.Store(uint64(start))
 			return nil
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -47,12 +48,12 @@ func TestStreamChangesWithDurableAcknowledgesWhatTheConsumerMadeDurable(t *testi
 	assert.GreaterOrEqual(t, durable.Position(), start, "where the stream starts is durable")
 
 	// Three transactions emitted, none durable: the slot stays.
-	time.Sleep(200 * time.Millisecond)
+	statusSent(t, admin, slot)
 	assert.Less(t, slotConfirmed(t, admin, slot), first, "the slot moved before anything was durable")
 
 	durable.Set(first)
 	waitFor(t, "the slot moves to the first transaction", func() bool { return slotConfirmed(t, admin, slot) == first })
-	time.Sleep(200 * time.Millisecond)
+	statusSent(t, admin, slot)
 	assert.Equal(t, first, slotConfirmed(t, admin, slot), "the slot went past what was durable")
 
 	// What is durable when the stream stops is acknowledged as it stops.
@@ -121,4 +122,52 @@ func TestDurablePositionOnlyMovesForward(t *testing.T) {
 	assert.Equal(t, canonical.Position(1000+62*6), durable.Position())
 	durable.Set(5)
 	assert.Equal(t, canonical.Position(1000+62*6), durable.Position(), "a Position behind the one held is ignored")
+}
+
+// TestStreamChangesWithDurableKeepsTheResumePosition: a resume from behind
+// the slot that no heartbeat vouches for is refused as a gap, and the
+// durable position stays where the consumer resumed from, not at the
+// slot's position past the gap, which a consumer that records it would
+// resume from next.
+func TestStreamChangesWithDurableKeepsTheResumePosition(t *testing.T) {
+	t.Parallel()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
+	c, _, start := streamConnAt(t, dsn)
+	execSQL(t, admin, "INSERT INTO t VALUES (1)")
+	emitMarker(t, admin, "one")
+	_, pos1 := streamUntil(t, c, start, "one")
+	execSQL(t, admin, "INSERT INTO t VALUES (2)")
+	emitMarker(t, admin, "two")
+	_, pos2 := streamUntil(t, c, pos1, "two")
+	require.Greater(t, pos2, pos1)
+
+	var durable siphon.DurablePosition
+	_, err := c.StreamChangesWith(context.Background(), pos1, siphon.StreamOptions{Durable: &durable}, func(canonical.Change) error { return nil })
+	var gap *siphon.ResumeGapError
+	require.ErrorAs(t, err, &gap)
+	assert.Equal(t, pos1, durable.Position(), "the durable position passed the gap")
+}
+
+// statusSent waits until the stream reading slot has sent the server two
+// status updates since the call: what the stream acknowledged before the
+// call, the server then knows.
+func statusSent(t *testing.T, admin *pgx.Conn, slot string) {
+	t.Helper()
+	replyTime := func() time.Time {
+		var at *time.Time
+		err := admin.QueryRow(context.Background(), `SELECT r.reply_time FROM pg_stat_replication r
+			JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, slot).Scan(&at)
+		if err != nil || at == nil {
+			return time.Time{}
+		}
+		return *at
+	}
+	last, changes := replyTime(), 0
+	waitFor(t, "two status updates", func() bool {
+		if at := replyTime(); !at.Equal(last) {
+			last, changes = at, changes+1
+		}
+		return changes >= 2
+	})
 }

@@ -33,6 +33,7 @@ type acks struct {
 	queue    chan pendingMsg
 	freed    chan struct{} // holds a token when the window shrank
 	done     chan struct{} // closed when run returns
+	closing  sync.Once     // closes queue
 
 	mu           sync.Mutex
 	count, bytes int // the window: messages published and not yet acknowledged
@@ -181,9 +182,10 @@ func (k *acks) release(size int) {
 
 // finish ends the queue and waits until run returns: every message
 // queued is settled, or the attempt's ctx ended. It returns the end of the
-// last transaction stored, the messages stored and the first failure.
+// last transaction stored, the messages stored and the first failure. It
+// may be called again.
 func (k *acks) finish() (last canonical.Position, published int, err error) {
-	close(k.queue)
+	k.closing.Do(func() { close(k.queue) })
 	<-k.done
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -3,6 +3,7 @@ package natsjs
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,36 +60,48 @@ func queue(t *testing.T, ctx context.Context, k *acks, seq uint64, size int, end
 	return f
 }
 
+// await waits until cond holds, for at most a minute: only a hang takes
+// that long.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+	}
+}
+
 // TestAcksMakeATransactionDurableInOrder: a transaction is durable once
-// its marker and every message before it are stored, whatever order the
-// acknowledgements come in; after a failure nothing more is durable, the
-// attempt's stream is stopped, and what was in flight is still awaited.
+// its marker (or the end of a transaction whose marker the stream held)
+// and every message before it are stored; a marker stored before a change
+// of its transaction that then fails makes nothing durable; after a
+// failure the attempt's stream is stopped and what was in flight is still
+// awaited.
 func TestAcksMakeATransactionDurableInOrder(t *testing.T) {
 	t.Parallel()
 	k, streamCtx := startAcks(t, 16, 1<<20)
 	durable := func() canonical.Position { return k.durable.Position() }
 	change1, marker1 := queue(t, streamCtx, k, 1, 10, 0), queue(t, streamCtx, k, 2, 10, 0x100)
+	require.NoError(t, k.add(streamCtx, pendingMsg{end: 0x180})) // a marker the stream held
 	change2, marker2 := queue(t, streamCtx, k, 3, 10, 0), queue(t, streamCtx, k, 4, 10, 0x200)
-	require.NoError(t, k.add(streamCtx, pendingMsg{end: 0x300})) // a marker the stream held
+	change3, marker3 := queue(t, streamCtx, k, 5, 10, 0), queue(t, streamCtx, k, 6, 10, 0x300)
 
 	marker1.stored("S", 2)
-	time.Sleep(20 * time.Millisecond)
-	assert.Zero(t, durable(), "a marker stored before a change of its transaction")
 	change1.stored("S", 1)
-	require.Eventually(t, func() bool { return durable() == 0x100 }, 5*time.Second, time.Millisecond)
+	await(t, "the first two transactions are durable", func() bool { return durable() == 0x180 })
 
+	marker2.stored("S", 4) // before the change of its transaction, which fails
 	change2.err <- errors.New("no responders")
-	marker2.stored("S", 4)
-	require.Eventually(t, func() bool { return streamCtx.Err() != nil }, 5*time.Second, time.Millisecond, "the failure stops the stream")
-	var pe *publishError
-	require.ErrorAs(t, context.Cause(streamCtx), &pe)
-
+	marker3.stored("S", 6)
+	change3.stored("S", 5)
 	last, published, err := k.finish()
+	var pe *publishError
 	require.ErrorAs(t, err, &pe)
 	assert.Contains(t, err.Error(), "no responders")
-	assert.Equal(t, canonical.Position(0x100), last)
+	assert.ErrorIs(t, context.Cause(streamCtx), err, "the failure stops the stream")
+	assert.Equal(t, canonical.Position(0x180), last)
 	assert.Equal(t, 2, published)
-	assert.Equal(t, canonical.Position(0x100), durable(), "nothing after a failure is durable")
+	assert.Equal(t, canonical.Position(0x180), durable(), "a transaction with a failed message, or one after it, made durable")
 }
 
 // TestAcksRefuseAMessageStoredElsewhere: a message stored at another
@@ -120,27 +133,24 @@ func TestAcksWindow(t *testing.T) {
 	first := queue(t, streamCtx, k, 1, 60, 0)
 	second := queue(t, streamCtx, k, 2, 30, 0)
 
+	var firstStored atomic.Bool
 	reserved := make(chan error, 1)
-	go func() { reserved <- k.reserve(streamCtx, 10) }()
-	select {
-	case err := <-reserved:
-		t.Fatalf("a third message fits in a window of two: %v", err)
-	case <-time.After(50 * time.Millisecond):
-	}
+	go func() {
+		err := k.reserve(streamCtx, 10)
+		if err == nil && !firstStored.Load() {
+			err = errors.New("a third message fit in a window of two")
+		}
+		reserved <- err
+	}()
+	firstStored.Store(true)
 	first.stored("S", 1)
 	require.NoError(t, <-reserved, "room once the oldest is stored")
 	require.NoError(t, k.add(streamCtx, pendingMsg{fut: newFuture("m3"), seq: 3, size: 10, subject: "s"}))
 
 	second.stored("S", 2)
-	go func() { reserved <- k.reserve(streamCtx, 95) }() // 10 + 95 > 100
-	select {
-	case err := <-reserved:
-		t.Fatalf("95 bytes fit beside 10 within 100: %v", err)
-	case <-time.After(50 * time.Millisecond):
-	}
-
+	go func() { reserved <- k.reserve(streamCtx, 95) }() // 10 + 95 > 100: waits for the third
 	k.stop(errors.New("the stream stopped"))
-	assert.EqualError(t, <-reserved, "the stream stopped", "the wait ends with the stream")
+	assert.EqualError(t, <-reserved, "the stream stopped", "95 bytes fit beside 10 within 100, or the wait outlived the stream")
 
 	alone, stop := startAcks(t, 2, 100)
 	require.NoError(t, alone.reserve(stop, 500), "a message larger than the byte limit goes alone")

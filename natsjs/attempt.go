@@ -86,6 +86,7 @@ func (a *attempt) run(c *siphon.Conn) error {
 	defer stop(nil)
 	a.streamCtx, a.acks = streamCtx, newAcks(&a.p.cfg, stop)
 	go a.acks.run(a.ctx)
+	defer a.acks.finish() // its goroutine ends with the attempt, a panicking emit included
 	// The slot is acknowledged as far as JetStream has stored whole
 	// transactions, not when emit returns.
 	_, err = c.StreamChangesWith(streamCtx, from, siphon.StreamOptions{Durable: &a.acks.durable}, a.emit)
@@ -96,8 +97,8 @@ func (a *attempt) run(c *siphon.Conn) error {
 		a.last = last
 	}
 	a.published = published
-	if ackErr != nil {
-		return ackErr
+	if ackErr != nil && (err == nil || retryable(err)) {
+		return ackErr // the cause: it stopped the stream
 	}
 	return err
 }

@@ -130,8 +130,12 @@
 // bounded however large a transaction is. The acknowledgements are
 // awaited in order beside the publishing, which goes on into the next
 // transactions meanwhile; the slot learns what is stored through
-// siphon.StreamOptions.Durable, every status interval. Each message
-// expects the stream's last sequence to be the one before it
+// siphon.StreamOptions.Durable, every status interval. (When Run stops,
+// the acknowledgements still on their way are not awaited: the slot may
+// then stand up to Config.MaxPending messages behind what the stream
+// holds, which the next Run reads again and does not publish twice.)
+//
+// Each message expects the stream's last sequence to be the one before it
 // (Nats-Expected-Last-Sequence): if one is lost (a leader change, a node
 // stopped, a connection cut), every later one is refused, so the stream
 // never holds a gap or a reordering.
