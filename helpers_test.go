@@ -188,6 +188,19 @@ func explainSQLError(conn *pgx.Conn, err error) string {
 	return out
 }
 
+// waitLocked waits until a session (who, for the failure's message) waits
+// for a lock on table, in conn's database.
+func waitLocked(t *testing.T, conn *pgx.Conn, who, table string) {
+	t.Helper()
+	waitFor(t, who+" waits for the lock on "+table, func() bool {
+		var waits bool
+		require.NoError(t, conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_locks l
+			JOIN pg_database d ON d.oid = l.database AND d.datname = current_database()
+			WHERE l.locktype = 'relation' AND NOT l.granted AND l.relation = $1::regclass)`, table).Scan(&waits))
+		return waits
+	})
+}
+
 // connect opens a siphon.Conn closed when the test ends (tests that check
 // for leaks close it earlier; Close is safe twice).
 func connect(t *testing.T, dsn string, opts ...siphon.Option) *siphon.Conn {

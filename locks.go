@@ -56,6 +56,9 @@ func (e *tableLockError) Unwrap() error { return e.err }
 // session's lock_timeout, with its error. s must hold no lock that another
 // session may wait for when it is called: those are held while it waits.
 func lockTables(ctx context.Context, s lockingSession, locks []tableLock) error {
+	if len(locks) == 0 {
+		return nil
+	}
 	awaited := -1
 	for {
 		busy, err := tryLockTables(ctx, s, locks, awaited)

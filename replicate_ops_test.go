@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -59,14 +58,6 @@ func lockTable(t *testing.T, dsn, table string) (release func()) {
 	return release
 }
 
-// waitLocked waits until a session waits for a lock on table.
-func waitLocked(t *testing.T, admin *pgx.Conn, table string) {
-	t.Helper()
-	waitFor(t, "the apply waits for the lock on "+table, func() bool {
-		return count(t, admin, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '`+table+`'::regclass`) > 0
-	})
-}
-
 // TestLiveMigrationCutover migrates the shop (foreign keys, partitions, a
 // keyless audit table, identity columns, triggers) while it is written
 // to: Replicate with an initial snapshot reports the copy while it runs
@@ -88,7 +79,7 @@ func TestLiveMigrationCutover(t *testing.T) {
 	var log progressLog
 	hold := lockTable(t, dstDSN, "customers")
 	run := startReplicate(t, c, target, siphon.ReplicateOptions{Snapshot: true, ProgressInterval: 20 * time.Millisecond, Progress: log.add})
-	waitLocked(t, dst, "customers")
+	waitLocked(t, dst, "the apply", "customers")
 	waitFor(t, "a report of the copy", func() bool {
 		_, ok := log.find(func(p siphon.ReplicateProgress) bool {
 			return p.Phase == siphon.ReplicateCopying && p.Snapshot.Tables > 0 && p.Snapshot.EstimatedBytes > 0
@@ -109,7 +100,7 @@ func TestLiveMigrationCutover(t *testing.T) {
 	// Held back while the source writes: lag in time and bytes.
 	hold = lockTable(t, dstDSN, "customers")
 	realShopRound(t, src, 2)
-	waitLocked(t, dst, "customers")
+	waitLocked(t, dst, "the apply", "customers")
 	behind := time.Now()
 	waitFor(t, "a report of the lag", func() bool {
 		_, ok := log.find(func(p siphon.ReplicateProgress) bool {

@@ -116,9 +116,6 @@ func lockForPublication(ctx context.Context, tx pgx.Tx, named, full []canonical.
 	for _, t := range full {
 		locks = append(locks, tableLock{table: t, mode: accessExclusive})
 	}
-	if len(locks) == 0 {
-		return nil
-	}
 	return lockTables(ctx, tx, locks)
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/siphondb/siphon"
@@ -58,26 +57,15 @@ func TestPublicationNeverHoldsWhileWaiting(t *testing.T) {
 				_, err := truncater.Exec(ctx, `TRUNCATE orders CASCADE`)
 				truncated <- err
 			}()
-			waitFor(t, "the TRUNCATE holds orders and waits for orders_2025", func() bool { return lockAwaited(t, admin, "orders_2025") })
+			waitLocked(t, admin, "the TRUNCATE, holding orders,", "orders_2025")
 
 			published := make(chan error, 1)
 			go func() { published <- publish(ctx, c) }()
-			waitFor(t, "siphon waits for orders", func() bool { return lockAwaited(t, admin, "orders") })
+			waitLocked(t, admin, "siphon", "orders")
 
 			execSQL(t, holder, `COMMIT`)
 			require.NoError(t, <-truncated, "the user's TRUNCATE")
 			require.NoError(t, <-published, "siphon's publication")
 		})
 	}
-}
-
-// lockAwaited reports whether a session waits for a lock on table, in
-// conn's database.
-func lockAwaited(t *testing.T, conn *pgx.Conn, table string) bool {
-	t.Helper()
-	var waits bool
-	require.NoError(t, conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_locks l
-		JOIN pg_database d ON d.oid = l.database AND d.datname = current_database()
-		WHERE l.locktype = 'relation' AND NOT l.granted AND l.relation = $1::regclass)`, table).Scan(&waits))
-	return waits
 }

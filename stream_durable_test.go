@@ -134,13 +134,7 @@ func TestStreamChangesWithDurableKeepsTheResumePosition(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
 	c, _, start := streamConnAt(t, dsn)
-	execSQL(t, admin, "INSERT INTO t VALUES (1)")
-	emitMarker(t, admin, "one")
-	_, pos1 := streamUntil(t, c, start, "one")
-	execSQL(t, admin, "INSERT INTO t VALUES (2)")
-	emitMarker(t, admin, "two")
-	_, pos2 := streamUntil(t, c, pos1, "two")
-	require.Greater(t, pos2, pos1)
+	pos1, _, _ := streamPastAResumePoint(t, c, admin, start)
 
 	var durable siphon.DurablePosition
 	_, err := c.StreamChangesWith(context.Background(), pos1, siphon.StreamOptions{Durable: &durable}, func(canonical.Change) error { return nil })

@@ -226,6 +226,23 @@ func insertPosition(t *testing.T, conn *pgx.Conn) canonical.Position {
 	return pos
 }
 
+// streamPastAResumePoint streams, from start, an insert into t and then
+// another, each followed by a marker, in two streams: pos1 is where the
+// first ended, pos2 where the second did (and the slot stands), and
+// second what the second delivered. A resume from pos1 is then behind the
+// slot, and no heartbeat vouches for it.
+func streamPastAResumePoint(t *testing.T, c *siphon.Conn, admin *pgx.Conn, start canonical.Position) (pos1, pos2 canonical.Position, second []canonical.Change) {
+	t.Helper()
+	execSQL(t, admin, "INSERT INTO t VALUES (1)")
+	emitMarker(t, admin, "one")
+	_, pos1 = streamUntil(t, c, start, "one")
+	execSQL(t, admin, "INSERT INTO t VALUES (2)")
+	emitMarker(t, admin, "two")
+	second, pos2 = streamUntil(t, c, pos1, "two")
+	require.Greater(t, pos2, pos1)
+	return pos1, pos2, second
+}
+
 func TestStreamResumeGap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -233,14 +250,8 @@ func TestStreamResumeGap(t *testing.T) {
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
 	c, slot, start := streamConnAt(t, dsn)
 
-	execSQL(t, admin, "INSERT INTO t VALUES (1)")
-	emitMarker(t, admin, "one")
-	_, pos1 := streamUntil(t, c, start, "one")
-	execSQL(t, admin, "INSERT INTO t VALUES (2)")
-	emitMarker(t, admin, "two")
-	changes, pos2 := streamUntil(t, c, pos1, "two")
+	pos1, pos2, changes := streamPastAResumePoint(t, c, admin, start)
 	require.Len(t, transactions(t, changes), 1, "only the transaction after pos1")
-	require.Greater(t, pos2, pos1)
 	require.Equal(t, pos2, slotConfirmed(t, admin, slot), "a stream that returned has had the server confirm its last handled transaction")
 
 	emitted := 0
