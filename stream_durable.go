@@ -14,13 +14,18 @@ type StreamOptions struct {
 	// the transactions it received durable, for a consumer that does so
 	// after emit returns (a queue that acknowledges asynchronously, a batch
 	// written later): the slot is then acknowledged up to what Durable
-	// holds, every [WithStatusInterval] and when the stream stops, and no
-	// longer when emit returns for an OpCommit. Emit may return at once
-	// and the consumer finish in its own time. What becomes durable after
-	// the call returns is acknowledged by the next call. The call first
-	// stores in Durable the Position it resumes from (from, or the slot's
-	// position for a zero from), replacing what it held. One
-	// DurablePosition serves one stream at a time: Positions name no slot.
+	// holds, after each batch of changes the stream reads, every
+	// [WithStatusInterval] and when the stream stops, and no longer when
+	// emit returns for an OpCommit. Emit may return at once and the
+	// consumer finish in its own time. What becomes durable after the call
+	// returns is acknowledged by the next call. The call stores from in
+	// Durable before it sets the stream up, replacing what it held, and
+	// for a zero from the slot's position once the stream starts. So after
+	// any error but [ErrNilArgument] and [ErrAlreadyStreaming], which
+	// leave Durable as it was, even one before streaming started (a
+	// [*ResumeGapError], a lost connection), Durable holds a Position to
+	// resume from, never one past a gap. One DurablePosition serves one
+	// stream at a time: Positions name no slot.
 	// Nil (the default): a transaction is acknowledged once emit returns
 	// nil for its OpCommit.
 	Durable *DurablePosition
@@ -80,16 +85,19 @@ func (c *Conn) StreamChangesWith(ctx context.Context, from canonical.Position, o
 	cfg := streamConfig{from: from}
 	if d := opt.Durable; d != nil {
 		// Where the consumer resumes from is durable: it has everything
-		// before it (or, for a zero from, the slot stands there). Not the
-		// slot's position when from is behind it: a resume that turns out
-		// to be a gap must not leave the consumer a Position past it.
+		// before it. Stored before the setup, whose failures return before
+		// any onStart, so that a consumer resuming from Durable after one
+		// resumes from here; and not the slot's position when from is
+		// behind it, since a resume that turns out to be a gap must not
+		// leave the consumer a Position past it. A zero from starts where
+		// the slot stands, which is then durable.
 		cfg.durable = &d.pos
-		cfg.onStart = func(start canonical.Position, _ streamInfo) error {
-			if from != 0 {
-				start = from
+		d.pos.Store(uint64(from))
+		if from.IsZero() {
+			cfg.onStart = func(start canonical.Position, _ streamInfo) error {
+				d.pos.Store(uint64(start))
+				return nil
 			}
-			d.pos.Store(uint64(start))
-			return nil
 		}
 	}
 	res, err := c.stream(ctx, cfg, emit)

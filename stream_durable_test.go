@@ -143,6 +143,27 @@ func TestStreamChangesWithDurableKeepsTheResumePosition(t *testing.T) {
 	assert.Equal(t, pos1, durable.Position(), "the durable position passed the gap")
 }
 
+// TestStreamChangesWithDurableHoldsFromAfterASetupError: a call refused
+// before its stream started (here the slot was dropped, a gap) still
+// stores from in the durable position, replacing what it held: a consumer
+// that resumes from it after the error resumes from where it asked, and
+// is refused again, rather than from a stale Position or from zero, which
+// would start a new slot past the gap and skip its changes silently.
+func TestStreamChangesWithDurableHoldsFromAfterASetupError(t *testing.T) {
+	t.Parallel()
+	dsn, admin := newDatabase(t)
+	c, slot, start := streamConnAt(t, dsn)
+	execSQL(t, admin, "SELECT pg_drop_replication_slot('"+slot+"')")
+
+	var durable siphon.DurablePosition
+	durable.Set(start + 1<<20) // what the consumer's last stream left
+	_, err := c.StreamChangesWith(context.Background(), start, siphon.StreamOptions{Durable: &durable}, func(canonical.Change) error { return nil })
+	var gap *siphon.ResumeGapError
+	require.ErrorAs(t, err, &gap)
+	assert.Equal(t, siphon.GapSlotMissing, gap.Reason)
+	assert.Equal(t, start, durable.Position(), "the durable position is not where the consumer asked to resume")
+}
+
 // statusSent waits until the stream reading slot has sent the server two
 // status updates since the call: what the stream acknowledged before the
 // call, the server then knows.
