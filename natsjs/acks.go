@@ -71,9 +71,13 @@ func newAcks(cfg *Config, stop context.CancelCauseFunc) *acks {
 
 // reserve waits until a message of size bytes fits in the window, then
 // counts it in. A message alone in the window always fits. It returns
-// the cause when ctx (the attempt's stream) ends first.
+// the cause when ctx (the attempt's stream) has ended or ends first: no
+// message is published after a failure stopped the stream.
 func (k *acks) reserve(ctx context.Context, size int) error {
 	for {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
 		k.mu.Lock()
 		if k.count == 0 || k.count < k.maxCount && k.bytes+size <= k.maxBytes {
 			k.count++
@@ -91,8 +95,16 @@ func (k *acks) reserve(ctx context.Context, size int) error {
 }
 
 // add queues m, published after everything queued before it (or marking
-// a transaction's end). It returns the cause when ctx ends first.
+// a transaction's end). The window keeps a place for it in the queue, so
+// a message that was published is always queued, and awaited, even when
+// ctx has ended since; add waits, and returns ctx's cause when it ends,
+// only if that place were not there.
 func (k *acks) add(ctx context.Context, m pendingMsg) error {
+	select {
+	case k.queue <- m:
+		return nil
+	default:
+	}
 	select {
 	case k.queue <- m:
 		return nil

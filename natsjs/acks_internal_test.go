@@ -155,3 +155,29 @@ func TestAcksWindow(t *testing.T) {
 	alone, stop := startAcks(t, 2, 100)
 	require.NoError(t, alone.reserve(stop, 500), "a message larger than the byte limit goes alone")
 }
+
+// TestAcksAfterAStop: once a failure stopped the attempt's stream,
+// reserve refuses a message even with room in the window, so nothing more
+// is published; and the messages published before the stop was noticed
+// are still queued, so that finish awaits them and none is left in flight
+// into the next attempt.
+func TestAcksAfterAStop(t *testing.T) {
+	t.Parallel()
+	k, streamCtx := startAcks(t, 16, 1<<20)
+	k.stop(errors.New("a failure"))
+	assert.EqualError(t, k.reserve(streamCtx, 10), "a failure", "a message was let into the window after the stop")
+
+	var late []*future
+	for seq := uint64(1); seq <= 16; seq++ { // a queue that picked the stop at random would drop one of 16 nearly always
+		f := newFuture("late" + canonical.Position(seq).String())
+		require.NoError(t, k.add(streamCtx, pendingMsg{fut: f, seq: seq, size: 10, subject: "s", end: canonical.Position(seq)}),
+			"a published message was not queued")
+		late = append(late, f)
+	}
+	for i, f := range late {
+		f.stored("S", uint64(i+1))
+	}
+	_, published, err := k.finish()
+	require.NoError(t, err)
+	assert.Equal(t, 16, published, "finish did not await every message published")
+}
