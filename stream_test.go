@@ -500,6 +500,11 @@ func TestStreamSlotInUse(t *testing.T) {
 
 	_, err := c.StreamChanges(ctx, start, func(canonical.Change) error { return nil })
 	assert.ErrorIs(t, err, siphon.ErrAlreadyStreaming, "the same Conn says so at once")
+	var durable siphon.DurablePosition
+	durable.Set(start + 1)
+	_, err = c.StreamChangesWith(ctx, start, siphon.StreamOptions{Durable: &durable}, func(canonical.Change) error { return nil })
+	assert.ErrorIs(t, err, siphon.ErrAlreadyStreaming)
+	assert.Equal(t, start+1, durable.Position(), "a refused call changed the durable position")
 	_, err = c.BackupIncremental(ctx, start, io.Discard)
 	assert.ErrorIs(t, err, siphon.ErrAlreadyStreaming, "an incremental reads the slot too")
 	other, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot))
