@@ -12,6 +12,7 @@ import (
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/siphontest"
 )
 
 // TestStreamChangesWithDurableAcknowledgesWhatTheConsumerMadeDurable: emit
@@ -23,7 +24,13 @@ import (
 func TestStreamChangesWithDurableAcknowledgesWhatTheConsumerMadeDurable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn, admin := newDatabase(t)
+	// A server of its own: an idle stream whose consumer made everything
+	// durable writes a heartbeat once the server's WAL moves on, and the
+	// slot then rightly moves past the last transaction, to it. Other
+	// tests' writes on a shared server did so before the last assertion.
+	dsn := siphontest.Start(t, siphontest.WithPrivateServer()).NewDatabase(t)
+	t.Cleanup(func() { checkNothingLeftRunning(t, dsn) })
+	admin := connectOrFail(t, dsn)
 	execSQL(t, admin, "CREATE TABLE t (id int PRIMARY KEY)")
 	c, slot, start := streamConnAt(t, dsn, siphon.WithStatusInterval(20*time.Millisecond))
 	execSQL(t, admin, "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)", "INSERT INTO t VALUES (3)")
