@@ -1,9 +1,12 @@
 package natsjs
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,11 +24,16 @@ import (
 // (siphon.StreamOptions.Durable), never earlier.
 //
 // The first failure (an error, a timeout, a message stored elsewhere than
-// expected) is kept and stops the attempt's stream (stop). The messages
+// expected, a duplicate that is not the message) is kept and stops the
+// attempt's stream (stop). The messages
 // still in flight are awaited all the same, stored or not, so that the
 // next attempt reads a stream that no longer changes under it.
 type acks struct {
-	stream   string // the JetStream stream's name
+	stream string // the JetStream stream's name
+	// held reads the stream's messages, to compare a duplicate with ours,
+	// waiting at most ackWait.
+	held     heldMessages
+	ackWait  time.Duration
 	maxCount int
 	maxBytes int
 	stop     context.CancelCauseFunc
@@ -58,9 +66,15 @@ type pendingMsg struct {
 	end canonical.Position
 }
 
-func newAcks(cfg *Config, stop context.CancelCauseFunc) *acks {
+// heldMessages reads a stream's messages by sequence: a jetstream.Stream.
+type heldMessages interface {
+	GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error)
+}
+
+func newAcks(cfg *Config, held heldMessages, stop context.CancelCauseFunc) *acks {
 	return &acks{
-		stream: cfg.Stream, maxCount: cfg.MaxPending, maxBytes: cfg.MaxPendingBytes, stop: stop,
+		stream: cfg.Stream, held: held, ackWait: cfg.AckWait,
+		maxCount: cfg.MaxPending, maxBytes: cfg.MaxPendingBytes, stop: stop,
 		// The window bounds the messages in the queue; a transaction whose
 		// marker the stream held takes one place more, once per attempt.
 		queue: make(chan pendingMsg, cfg.MaxPending+1),
@@ -134,11 +148,8 @@ func (k *acks) run(ctx context.Context) {
 		}
 		select {
 		case ack := <-m.fut.Ok():
-			// A duplicate at the expected sequence is the message itself,
-			// stored by an earlier attempt whose acknowledgement was lost.
-			if ack.Stream != k.stream || ack.Sequence != m.seq {
-				k.fail(m, fmt.Errorf("stored in stream %q at sequence %d, not %q at %d (duplicate: %t)",
-					ack.Stream, ack.Sequence, k.stream, m.seq, ack.Duplicate))
+			if err := k.check(ctx, m, ack); err != nil {
+				k.fail(m, err)
 			} else {
 				k.stored(m)
 			}
@@ -149,6 +160,62 @@ func (k *acks) run(ctx context.Context) {
 		}
 		k.release(m.size)
 	}
+}
+
+// check returns why ack does not say that m is stored where the attempt
+// expects it, or nil.
+//
+// A duplicate (a message with m's ID the stream held already) at the
+// expected sequence is m itself when its content is m's: nats.go sent it
+// again after a "no responders" and the first one got there. But the ID
+// names only the transaction and the message's first change, and a
+// message of another process that stopped with it in flight may carry a
+// different cut of the transaction (its MaxChangesPerMessage or the
+// server's largest message were not the same) and reach the stream after
+// this attempt read it. Taking it for m would make the slot move past
+// changes the stream does not hold, so the stored message is read and
+// compared; a failure makes the next attempt resume from what it holds.
+func (k *acks) check(ctx context.Context, m pendingMsg, ack *jetstream.PubAck) error {
+	if ack.Stream != k.stream || ack.Sequence != m.seq {
+		return fmt.Errorf("stored in stream %q at sequence %d, not %q at %d (duplicate: %t)",
+			ack.Stream, ack.Sequence, k.stream, m.seq, ack.Duplicate)
+	}
+	if !ack.Duplicate {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, k.ackWait)
+	defer cancel()
+	held, err := k.held.GetMsg(ctx, m.seq)
+	if err != nil {
+		return fmt.Errorf("read the message stored at sequence %d, which JetStream took for this one: %w", m.seq, err)
+	}
+	if diff := differences(m.fut.Msg(), held); diff != "" {
+		return fmt.Errorf("the stream holds another message with this ID at sequence %d (%s): a cut of the transaction other than this attempt's", m.seq, diff)
+	}
+	return nil
+}
+
+// differences describes how held differs from ours in what a consumer
+// reads of it: its subject, the message ID and siphon's headers, its
+// data. It is empty when they are the same.
+func differences(ours *nats.Msg, held *jetstream.RawStreamMsg) string {
+	if held.Subject != ours.Subject {
+		return fmt.Sprintf("on subject %s, not %s", held.Subject, ours.Subject)
+	}
+	for _, h := range []nats.Header{ours.Header, held.Header} {
+		for key := range h {
+			if key != nats.MsgIdHdr && !strings.HasPrefix(key, headerPrefix) {
+				continue
+			}
+			if v, w := held.Header.Get(key), ours.Header.Get(key); v != w {
+				return fmt.Sprintf("header %s %q, not %q", key, v, w)
+			}
+		}
+	}
+	if !bytes.Equal(held.Data, ours.Data) {
+		return fmt.Sprintf("%d bytes of other data, not these %d", len(held.Data), len(ours.Data))
+	}
+	return ""
 }
 
 // stored records that m is in the stream, and with it, when it is a commit

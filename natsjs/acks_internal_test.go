@@ -39,9 +39,15 @@ func (f *future) stored(stream string, seq uint64) {
 // maxBytes, running until the test ends, and the context its failures
 // stop.
 func startAcks(t *testing.T, maxCount, maxBytes int) (*acks, context.Context) {
+	return startAcksOn(t, &Config{Stream: "S", MaxPending: maxCount, MaxPendingBytes: maxBytes}, nil)
+}
+
+// startAcksOn returns acks for cfg's stream, which held reads, running
+// until the test ends, and the context its failures stop.
+func startAcksOn(t *testing.T, cfg *Config, held heldMessages) (*acks, context.Context) {
 	ctx, cancel := context.WithCancel(context.Background())
 	streamCtx, stop := context.WithCancelCause(ctx)
-	k := newAcks(&Config{Stream: "S", MaxPending: maxCount, MaxPendingBytes: maxBytes}, stop)
+	k := newAcks(cfg, held, stop)
 	go k.run(ctx)
 	t.Cleanup(func() {
 		cancel()
@@ -180,4 +186,59 @@ func TestAcksAfterAStop(t *testing.T) {
 	_, published, err := k.finish()
 	require.NoError(t, err)
 	assert.Equal(t, 16, published, "finish did not await every message published")
+}
+
+// TestAcksCompareADuplicateWithTheStoredMessage: a clustered JetStream
+// answers a message whose ID it holds already as a duplicate, at the
+// sequence it holds it under, before it checks the expected last sequence
+// (nats-server's checkMsgHeadersPreClusteredProposal). At the expected
+// sequence that is the message itself when what the stream holds is the
+// same (the message was sent twice). A message of another process with
+// the same ID and another cut of the transaction (five changes where this
+// one has three), or other data, is not: taking it for this one would
+// make the slot move past changes the stream does not hold.
+func TestAcksCompareADuplicateWithTheStoredMessage(t *testing.T) {
+	f := newResumeFixture(t)
+	msg := func(changes int, data string) *nats.Msg {
+		h := msgHeader{systemID: resumeSystemID, slot: "s", xid: 7, commit: 0x700, changes: changes}
+		txh := newTxHeader(&h)
+		return &nats.Msg{Subject: TableSubject("r", canonical.TableName{Schema: "public", Name: "items"}),
+			Data: []byte(data), Header: txh.header(&h, false, 0)}
+	}
+	ack, err := f.p.js.PublishMsg(context.Background(), msg(5, "changes 0 to 4"))
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), ack.Sequence)
+
+	for _, tc := range []struct {
+		name    string
+		ours    *nats.Msg
+		problem string // in the failure; none when empty
+	}{
+		{"the same message", msg(5, "changes 0 to 4"), ""},
+		{"another cut", msg(3, "changes 0 to 2"), `header Siphon-Changes "5", not "3"`},
+		{"the same cut, other data", msg(5, "changes 0 to 4, other values"), "14 bytes of other data, not these 28"},
+		{"another subject", func() *nats.Msg { m := msg(5, "changes 0 to 4"); m.Subject = "r.public.other"; return m }(), "on subject r.public.items"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k, streamCtx := startAcksOn(t, &f.p.cfg, f.s)
+			fut := newFuture("")
+			fut.msg = tc.ours
+			require.NoError(t, k.reserve(streamCtx, 100))
+			require.NoError(t, k.add(streamCtx, pendingMsg{fut: fut, seq: 1, size: 100, subject: tc.ours.Subject}))
+			end := canonical.Position(0x780)
+			require.NoError(t, k.add(streamCtx, pendingMsg{end: end}))
+			fut.ok <- &jetstream.PubAck{Stream: "RESUME", Sequence: 1, Duplicate: true}
+			_, _, err = k.finish()
+			if tc.problem == "" {
+				require.NoError(t, err)
+				assert.Equal(t, end, k.durable.Position())
+				return
+			}
+			var pe *publishError
+			require.ErrorAs(t, err, &pe, "a failure the Publisher starts over from")
+			assert.ErrorContains(t, err, tc.problem)
+			assert.ErrorContains(t, err, "another message with this ID at sequence 1")
+			assert.Zero(t, k.durable.Position(), "the transaction made durable on another message's acknowledgement")
+		})
+	}
 }

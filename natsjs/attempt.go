@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
@@ -27,6 +28,8 @@ type attempt struct {
 	systemID string
 	// maxSize is the largest message NATS and the stream take.
 	maxSize int64
+	// stream is the JetStream stream, as resume found it.
+	stream jetstream.Stream
 
 	// seq is the stream's last sequence as the attempt expects it: the
 	// next message is stored at seq+1.
@@ -84,7 +87,7 @@ func (a *attempt) run(c *siphon.Conn) error {
 	a.p.log.Info("natsjs: publishing", "from", from, "stream_last_seq", a.seq)
 	streamCtx, stop := context.WithCancelCause(a.ctx)
 	defer stop(nil)
-	a.streamCtx, a.acks = streamCtx, newAcks(&a.p.cfg, stop)
+	a.streamCtx, a.acks = streamCtx, newAcks(&a.p.cfg, a.stream, stop)
 	go a.acks.run(a.ctx)
 	defer a.acks.finish() // its goroutine ends with the attempt, a panicking emit included
 	// The slot is acknowledged as far as JetStream has stored whole

@@ -151,7 +151,12 @@
 // it already holds when one is sent twice (an acknowledgement lost, a
 // straggler from a stopped attempt), but only within the stream's
 // duplicate window (Duplicates, two minutes by default): a replay of
-// messages older than that would be stored twice. Resuming from the
+// messages older than that would be stored twice. A message JetStream
+// answers as a duplicate counts as stored only when the message the stream
+// holds under its ID is the same (subject, siphon's headers, data): the ID
+// names a message's first change, and a stopped process's message cut
+// differently (another MaxChangesPerMessage) is a failure the next
+// attempt resumes from, never taken for this one. Resuming from the
 // stream's own last message is what keeps the Publisher independent of
 // the window, whatever time passes between a crash and the restart.
 // Before it reads where the stream stands, a Publisher waits until the

@@ -11,6 +11,9 @@ import (
 	"github.com/siphondb/siphon/canonical"
 )
 
+// headerPrefix begins the name of every header of siphon's.
+const headerPrefix = "Siphon-"
+
 // The headers of every message a [Publisher] writes. Positions are in LSN
 // notation ("16/B374D848"), times RFC 3339 in UTC, numbers decimal.
 const (

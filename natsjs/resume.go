@@ -31,6 +31,7 @@ func (a *attempt) resume() (canonical.Position, error) {
 	if err != nil {
 		return 0, &publishError{op: "read stream " + name, err: err}
 	}
+	a.stream = s
 	info := s.CachedInfo()
 	if want := []string{prefix + ".>"}; !slices.Equal(info.Config.Subjects, want) {
 		return 0, &StreamMismatchError{Stream: name, Problem: fmt.Sprintf("it captures %q, not exactly %q", info.Config.Subjects, want)}
