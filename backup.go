@@ -2,6 +2,7 @@ package siphon
 
 import (
 	"archive/tar"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,9 +14,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgerrcode"
 
 	"github.com/siphondb/siphon/canonical"
+	"github.com/siphondb/siphon/internal/pgerr"
 	"github.com/siphondb/siphon/internal/sqltext"
 	"github.com/siphondb/siphon/pgdump"
 )
@@ -110,6 +112,19 @@ type BackupOptions struct {
 // [Conn.BackupIncremental] from it continues with no gap and no duplicate. The header also records
 // the system identifier and timeline (IDENTIFY_SYSTEM), the server
 // version, the slot, and the tables dumped.
+//
+// Before pg_dump starts, a transaction in the snapshot, in a session of
+// its own, locks every table the dump holds (ACCESS SHARE, as pg_dump
+// does, without ever waiting for one while it holds another) until pg_dump
+// ends, and checks that none was rewritten since the snapshot. A TRUNCATE
+// or a table-rewriting ALTER TABLE committed in between, which pg_dump
+// would read as an empty table through the snapshot, or a statement that
+// queued for a table before pg_dump locked it (pg_dump gives up waiting
+// behind it after 10 s, a parallel dump at once), is a
+// [*BackupConflictError]: run Backup again. Each table is locked twice
+// then, by that session and by pg_dump: a database of very many tables
+// and partitions may need a larger max_locks_per_transaction than pg_dump
+// alone does.
 //
 // pg_dump gets the Conn's password through a password file, never argv.
 // When ctx is done, pg_dump's process group is stopped and every temporary
@@ -211,23 +226,41 @@ func (c *Conn) identifyInBackground(ctx context.Context) func() (streamInfo, err
 // writeBackup writes the envelope: header, pg_dump's output run through
 // the snapshot, trailer.
 func (c *Conn) writeBackup(ctx context.Context, run *backupRun, w io.Writer) error {
-	tables, err := c.snapshotTables(ctx, run.snap.SnapshotName, run.opt)
-	if err != nil {
-		return errorf("siphon: backup: list tables in snapshot: %w", err)
+	c.backupTest.run(c.backupTest.afterSnapshot)
+	guard, err := c.guardBackup(ctx, run.snap.SnapshotName, run.opt)
+	if pgerr.Is(err, pgerrcode.InsufficientPrivilege) {
+		err = c.explainDumpFailure(ctx, run.opt, false, err) // a privilege the guard's LOCK lacked, as pg_dump would
 	}
+	var conflict *BackupConflictError
+	if errors.As(err, &conflict) {
+		return conflict
+	} else if err != nil {
+		return errorf("siphon: backup: %w", err)
+	}
+	defer guard.release()
+	c.backupTest.run(c.backupTest.afterGuard)
+	tables := guard.names()
 	ew, err := canonical.NewEnvelopeWriter(w, c.backupHeader(run, tables))
 	if err != nil {
 		return errorf("siphon: backup: %w", err)
 	}
 	run.dump.Snapshot = run.snap.SnapshotName
+	run.dump.LockWaitTimeout = cmp.Or(c.backupTest.lockWait, backupLockWait)
 	if run.opt.Jobs > 1 {
 		err = dumpParallel(ctx, run.dump, run.opt.TempDir, ew)
 	} else {
 		err = pgdump.Dump(ctx, run.dump, ew)
 	}
 	if exitErr := (*pgdump.ExitError)(nil); errors.As(err, &exitErr) {
+		if conflict := guard.queuedConflict(ctx, c.pool, exitErr); conflict != nil {
+			return conflict
+		}
 		err = c.explainDumpFailure(ctx, run.opt, false, err) // a privilege pg_dump lacked, with its GRANT
 	}
+	if err == nil {
+		err = guard.alive(ctx)
+	}
+	guard.release()
 	if err != nil {
 		return errorf("siphon: backup: %w", err)
 	}
@@ -343,34 +376,6 @@ func (c *Conn) clientConn(database string) (pgdump.Conn, error) {
 		conn.ApplicationName = "siphon"
 	}
 	return conn, nil
-}
-
-// snapshotTables lists the tables the dump holds, as the snapshot sees
-// them: user tables (ordinary and partitioned, not those of extensions)
-// that the options select.
-func (c *Conn) snapshotTables(ctx context.Context, snapshot string, opt BackupOptions) ([]canonical.TableName, error) {
-	tx, err := c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+sqltext.Literal(snapshot)); err != nil {
-		return nil, err
-	}
-	rows, err := tx.Query(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't' AND `+inUserSchema+` AND `+notOfExtension+`
-		ORDER BY n.nspname, c.relname`)
-	if err != nil {
-		return nil, err
-	}
-	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (canonical.TableName, error) {
-		var t canonical.TableName
-		return t, r.Scan(&t.Schema, &t.Name)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return selectTables(all, opt)
 }
 
 // selectTables keeps the tables opt selects.

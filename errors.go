@@ -47,18 +47,20 @@ var (
 // tried again as it was, with nothing to fix first: the connection broke
 // ([*StreamInterruptedError], a network error, a server shutting down or
 // out of connections for now), or another session holds what it needs for
-// now ([ErrSlotInUse], [ErrApplyInProgress], a [*SlotBlockedError]).
+// now ([ErrSlotInUse], [ErrApplyInProgress], a [*SlotBlockedError], a
+// [*BackupConflictError]).
 // Errors that need a change first (a [*ResumeGapError], a
 // [*SchemaChangeError], a [*SchemaIncompatibleError], an [*OptionError],
 // a checksum error...) are not retryable, nor is a cancelled ctx.
 func Retryable(err error) bool {
 	var blocked *SlotBlockedError
 	var interrupted *StreamInterruptedError
+	var conflict *BackupConflictError
 	switch {
 	case err == nil:
 		return false
 	case errors.As(err, &interrupted), errors.Is(err, ErrSlotInUse), errors.Is(err, ErrApplyInProgress),
-		errors.As(err, &blocked):
+		errors.As(err, &blocked), errors.As(err, &conflict):
 		return true
 	}
 	return isInterruption(err)

@@ -47,6 +47,9 @@ type Conn struct {
 	// catchUp tunes the SQL catch-up of a stream; the zero value means
 	// the defaults (see stream_sql.go). Only tests change it.
 	catchUpTuning catchUpSettings
+	// backupTest holds what tests do inside a Backup; the zero value does
+	// nothing.
+	backupTest backupTestHooks
 }
 
 // Connect checks the options, connects to the database dsn names (a
