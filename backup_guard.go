@@ -127,9 +127,7 @@ func (c *Conn) guardBackup(ctx context.Context, snapshot string, opt BackupOptio
 	// stays idle in its transaction until pg_dump ends: none of the
 	// role's timeouts may end it half way.
 	if _, err := conn.PgConn().Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "+
-		"SET TRANSACTION SNAPSHOT "+sqltext.Literal(snapshot)+"; "+
-		"SELECT pg_catalog.set_config(name, '0', true) FROM pg_catalog.pg_settings "+
-		"WHERE name IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout', 'transaction_timeout')").ReadAll(); err != nil {
+		"SET TRANSACTION SNAPSHOT "+sqltext.Literal(snapshot)+"; "+noTimeouts(true)).ReadAll(); err != nil {
 		return nil, fmt.Errorf("import snapshot %q: %w", snapshot, err)
 	}
 	if g.tables, err = snapshotTables(ctx, conn, opt); err != nil {

@@ -115,3 +115,23 @@ func TestBackupGivesUpBehindAStatementThatWaitsForIt(t *testing.T) {
 		})
 	}
 }
+
+// TestBackupOutlivesTheDatabasesTimeouts: a database whose sessions get
+// short timeouts (ALTER DATABASE ... SET) still gets its full backup: the
+// guard that holds the tables is idle in its transaction while pg_dump
+// starts, and must not be ended half way, which would let go of its locks.
+func TestBackupOutlivesTheDatabasesTimeouts(t *testing.T) {
+	t.Parallel()
+	skipUnlessDumpClients(t)
+	ctx := context.Background()
+	dsn, src := newDatabase(t)
+	execSQL(t, src, "CREATE TABLE b (id int PRIMARY KEY)", "INSERT INTO b SELECT generate_series(1, 100)")
+	shortDatabaseTimeouts(t, src)
+	c, _ := backupConn(t, dsn)
+	c.SetBackupHooksForTest(siphon.BackupHooksForTest{AfterGuard: func() { time.Sleep(1500 * time.Millisecond) }})
+	data := backup(t, c, siphon.BackupOptions{})
+	dstDSN, dst := newDatabase(t)
+	target, _ := backupConn(t, dstDSN)
+	require.NoError(t, target.Restore(ctx, siphon.RestoreOptions{}, bytes.NewReader(data)))
+	assert.Equal(t, tableDigests(t, src), tableDigests(t, dst), "every table's rows")
+}

@@ -478,3 +478,20 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// shortDatabaseTimeouts gives every new session of conn's database timeouts
+// of 500 ms (ALTER DATABASE ... SET): statement_timeout, lock_timeout,
+// idle_in_transaction_session_timeout, and transaction_timeout from
+// PostgreSQL 17 on. What siphon keeps open longer must turn them off.
+func shortDatabaseTimeouts(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	var db string
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT current_database()").Scan(&db))
+	timeouts := []string{"statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"}
+	if serverRelease(t) >= 17 {
+		timeouts = append(timeouts, "transaction_timeout")
+	}
+	for _, name := range timeouts {
+		execSQL(t, conn, fmt.Sprintf("ALTER DATABASE %s SET %s = '500ms'", pgx.Identifier{db}.Sanitize(), name))
+	}
+}

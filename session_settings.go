@@ -34,6 +34,18 @@ var sessionSettings = map[string]string{
 	"application_name":   "siphon",
 }
 
+// noTimeouts returns the query that turns off, for the rest of the
+// transaction (local) or of the session, every timeout a role or database
+// setting may give a session: statement_timeout, lock_timeout,
+// idle_in_transaction_session_timeout, and transaction_timeout where the
+// server has it (PostgreSQL 17 on). It is for what lasts as long as a
+// copy, a dump or a chunk of the catch-up does, and waits for a lock as
+// long as pg_dump would.
+func noTimeouts(local bool) string {
+	return fmt.Sprintf("SELECT pg_catalog.set_config(name, '0', %t) FROM pg_catalog.pg_settings "+
+		"WHERE name IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout', 'transaction_timeout')", local)
+}
+
 // setSessionSettings gives config, parsed from a user's DSN, siphon's
 // session settings, and makes each session it opens check its search_path
 // before anything else runs in it (the query of the DSN's

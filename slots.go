@@ -376,8 +376,12 @@ func (c *Conn) runCreate(ctx context.Context, lock *slotLock, repl *pgconn.PgCon
 	lockTimeout time.Duration) (pglogrepl.CreateReplicationSlotResult, []Blocker, error) {
 	var none pglogrepl.CreateReplicationSlotResult
 	set := "SET lock_timeout = " + strconv.FormatInt(lockTimeout.Milliseconds(), 10)
-	if spec.export { // the session idles for the snapshot's whole life
-		set += "; SET idle_session_timeout = 0"
+	if spec.export {
+		// The session idles, in the transaction of the snapshot it
+		// exports, for the snapshot's whole life: no timeout of the role's
+		// or the database's may end it before every session that imports
+		// the snapshot (pg_dump's, the copy's) has.
+		set = noTimeouts(false) + "; SET idle_session_timeout = 0; " + set
 	}
 	if _, err := repl.Exec(ctx, set).ReadAll(); err != nil {
 		return none, nil, fmt.Errorf("set lock_timeout: %w", err)

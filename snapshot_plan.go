@@ -512,7 +512,7 @@ func importSnapshot(ctx context.Context, conn *pgx.Conn, name string) error {
 		"SET LOCAL row_security = off; "+
 		// A copy takes as long as it takes, and a session waiting for the
 		// consumer between two COPY statements is idle in its transaction.
-		"SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0").ReadAll()
+		noTimeouts(true)).ReadAll()
 	if err != nil {
 		return fmt.Errorf("import snapshot %q: %w", name, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -532,6 +533,37 @@ func TestSnapshotSchemaChangedAfterSnapshot(t *testing.T) {
 			assertNoLeaks(t, dsn, slot)
 		})
 	}
+}
+
+// TestSnapshotOutlivesTheDatabasesTimeouts: a database whose sessions
+// get timeouts of 500 ms still gets its copy when the consumer is slow and
+// the copy starts a while after the snapshot: neither the session that
+// exports the snapshot nor the copying sessions, idle in their
+// transactions meanwhile, may be ended.
+func TestSnapshotOutlivesTheDatabasesTimeouts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := newDatabase(t)
+	execSQL(t, admin, `CREATE TABLE a (id int PRIMARY KEY)`, `INSERT INTO a SELECT generate_series(1, 10)`,
+		`CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)`, `INSERT INTO t SELECT i, i FROM generate_series(1, 100) i`)
+	shortDatabaseTimeouts(t, admin)
+	c, slot := snapConnect(t, dsn, siphon.WithCopySessions(2))
+	schema, err := c.InspectSchema(ctx)
+	require.NoError(t, err)
+	snap := snapTake(t, c)
+	time.Sleep(time.Second)
+	rows := map[string]int{}
+	require.NoError(t, snap.CopyTables(ctx, schema, siphon.CopyOptions{}, func(table *canonical.Table, _ canonical.Row) error {
+		if rows[table.Name] == 0 {
+			time.Sleep(time.Second)
+		}
+		rows[table.Name]++
+		return nil
+	}))
+	assert.Equal(t, map[string]int{"a": 10, "t": 100}, rows)
+	require.NoError(t, snap.Close(ctx))
+	require.NoError(t, c.Close())
+	assertNoLeaks(t, dsn, slot)
 }
 
 func TestSnapshotSchemaDiffersFromSnapshot(t *testing.T) {

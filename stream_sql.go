@@ -345,9 +345,6 @@ func (c *Conn) openCatchUpWorker(ctx context.Context) (*catchUpWorker, error) {
 		return nil, ErrClosed
 	}
 	config := c.config.Copy()
-	// A chunk may take a while: a statement_timeout of the caller's
-	// sessions would fail a stream the walsender would have read.
-	config.RuntimeParams["statement_timeout"] = "0"
 	config.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: closeTimeout}
 	}
@@ -358,8 +355,14 @@ func (c *Conn) openCatchUpWorker(ctx context.Context) (*catchUpWorker, error) {
 	var suffix [8]byte
 	rand.Read(suffix[:])
 	w := &catchUpWorker{conn: conn, slot: catchUpSlotPrefix + hex.EncodeToString(suffix[:])}
+	// A chunk may take a while: a statement_timeout or transaction_timeout
+	// of the caller's sessions would fail a stream the walsender would
+	// have read.
+	_, err = conn.Exec(ctx, noTimeouts(false))
 	var confirmed string
-	err = conn.QueryRow(ctx, "SELECT lsn::text FROM pg_catalog.pg_copy_logical_replication_slot($1, $2, true)", c.opts.slot, w.slot).Scan(&confirmed)
+	if err == nil {
+		err = conn.QueryRow(ctx, "SELECT lsn::text FROM pg_catalog.pg_copy_logical_replication_slot($1, $2, true)", c.opts.slot, w.slot).Scan(&confirmed)
+	}
 	if err == nil {
 		w.confirmed, err = canonical.ParsePosition(confirmed)
 	}
