@@ -28,7 +28,9 @@ const (
 // ConsumeCanonical reads a canonical JSONL stream from r (a snapshot from
 // [Conn.EmitCanonical], an incremental from [Conn.BackupIncremental], or a
 // recorded change stream) and applies it, exactly once, to the database c is
-// connected to (the target), through one dedicated session. A call that
+// connected to (the target), through one dedicated session, which turns off
+// the statement, lock, idle-in-transaction and transaction timeouts the
+// target's role or database set, as pg_restore does. A call that
 // ends cleanly leaves that session open, reset as a new one (DISCARD ALL)
 // and holding nothing of the source, for the Conn's next apply: applying a
 // chain file after file costs a new backend once. [Conn.Close] ends it.
@@ -428,7 +430,15 @@ func (c *Conn) openApplySession(ctx context.Context, database string, h canonica
 	s := &applySession{c: c, conn: conn, pg: conn.PgConn(), own: database == "",
 		targets: map[canonical.TableName]*targetTable{}, bindings: map[*canonical.Table]*binding{},
 		declared: map[canonical.TableName][]canonical.Column{}, previous: map[canonical.TableName][]canonical.Column{}}
-	env, err := readApplyEnv(ctx, conn)
+	// A snapshot loads in one transaction, which waits for the source's
+	// rows between its COPYs: as pg_restore does, the apply turns off the
+	// target role's and database's timeouts (a kept session's too, which
+	// DISCARD ALL gave them back).
+	_, err := conn.Exec(ctx, noTimeouts(false))
+	var env applyEnv
+	if err == nil {
+		env, err = readApplyEnv(ctx, conn)
+	}
 	if err == nil {
 		key := sourceKey(h.SystemID, h.Slot)
 		if s.track, err = setupTracker(ctx, conn, env, key); err == nil {

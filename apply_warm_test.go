@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -106,4 +109,61 @@ func TestKeptApplySessionStartsAfresh(t *testing.T) {
 	assert.Equal(t, "origin", role, "the apply's replica role was reset")
 	assert.Equal(t, 1, prepared, "only the statement just run: the apply's were deallocated")
 	assert.Equal(t, 50, count(t, dst, "SELECT count(*) FROM t"))
+}
+
+// pausingReader reads r, pausing once for pause after the first at bytes.
+type pausingReader struct {
+	r      io.Reader
+	at     int
+	pause  time.Duration
+	read   int
+	paused bool
+}
+
+func (p *pausingReader) Read(b []byte) (int, error) {
+	if !p.paused && p.read >= p.at {
+		p.paused = true
+		time.Sleep(p.pause)
+	}
+	if !p.paused {
+		b = b[:min(len(b), p.at-p.read)]
+	}
+	n, err := p.r.Read(b)
+	p.read += n
+	return n, err
+}
+
+// TestConsumeCanonicalOutlivesTheTargetsTimeouts: a target database whose
+// sessions get timeouts of 500 ms still takes a snapshot, and then an
+// incremental on the kept session (which DISCARD ALL gave the database's
+// timeouts back), from streams that stop for a second half way: the load
+// waits for the stream inside its transaction, as pg_restore's would.
+func TestConsumeCanonicalOutlivesTheTargetsTimeouts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srcDSN, src := newDatabase(t)
+	dstDSN, dst := newDatabase(t)
+	for _, conn := range []*pgx.Conn{src, dst} {
+		execSQL(t, conn, `CREATE TABLE a (id int PRIMARY KEY, v text)`, `CREATE TABLE b (id int PRIMARY KEY, v text)`)
+	}
+	execSQL(t, src, "INSERT INTO a SELECT g, 'snapshot' FROM generate_series(1, 1000) g",
+		"INSERT INTO b SELECT g, 'snapshot' FROM generate_series(1, 1000) g")
+	shortDatabaseTimeouts(t, dst)
+	c, _ := streamConn(t, srcDSN)
+	var snap, incremental bytes.Buffer
+	pos, err := c.EmitCanonical(ctx, nil, &snap)
+	require.NoError(t, err)
+	execSQL(t, src, "BEGIN", "INSERT INTO a SELECT g, 'incremental' FROM generate_series(1001, 2000) g",
+		"UPDATE b SET v = 'incremental'", "COMMIT")
+	_, err = c.BackupIncremental(ctx, pos, &incremental)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+
+	target := connect(t, dstDSN)
+	for _, stream := range []*bytes.Buffer{&snap, &incremental} {
+		slow := &pausingReader{r: bytes.NewReader(stream.Bytes()), at: stream.Len() / 2, pause: 1500 * time.Millisecond}
+		require.NoError(t, target.ConsumeCanonical(ctx, slow))
+	}
+	assert.Equal(t, tableDigests(t, src), tableDigests(t, dst), "every table's rows")
+	require.NoError(t, target.Close())
 }

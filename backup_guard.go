@@ -72,9 +72,10 @@ func (h *backupTestHooks) run(hook func()) {
 // would have left the dump without the table's rows as of the snapshot;
 // or one queued for the table before pg_dump locked it, which would have
 // waited for the backup while the backup waited for it (pg_dump gave up,
-// after 10 s or, in a parallel dump, at once, and the statement went on). w then holds nothing (a table
-// rewritten) or an incomplete envelope, which Verify and Restore refuse.
-// It is [Retryable]: a new Backup takes a new snapshot.
+// after 10 s or, in a parallel dump, at once, and the statement went on).
+// w then holds nothing (a table rewritten) or an incomplete envelope,
+// which Verify and Restore refuse. It is [Retryable]: a new Backup takes
+// a new snapshot.
 type BackupConflictError struct {
 	Table   canonical.TableName
 	Problem string
