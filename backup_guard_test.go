@@ -7,31 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
 )
-
-// awaitLockWait waits until a session waits for a lock in mode on table,
-// of conn's database.
-func awaitLockWait(t *testing.T, conn *pgx.Conn, table, mode string) {
-	t.Helper()
-	var err error
-	waiting := func() bool {
-		var n int
-		err = conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE NOT granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND relation = $1::regclass AND mode = $2`, table, mode).Scan(&n)
-		return err == nil && n > 0
-	}
-	for deadline := time.Now().Add(time.Minute); !waiting(); time.Sleep(10 * time.Millisecond) {
-		require.NoError(t, err)
-		require.True(t, time.Now().Before(deadline), "no session waits for %s on %s", mode, table)
-	}
-}
 
 // TestBackupRefusesATableRewrittenAfterItsSnapshot: TRUNCATE and a
 // rewriting ALTER TABLE are not MVCC-safe, so one that commits after the
@@ -100,7 +81,7 @@ func TestBackupGivesUpBehindAStatementThatWaitsForIt(t *testing.T) {
 			truncated := make(chan error, 1)
 			c.SetBackupHooksForTest(siphon.BackupHooksForTest{LockWait: time.Second, AfterGuard: func() {
 				go func() { _, err := truncate.Exec(ctx, "TRUNCATE b"); truncated <- err }()
-				awaitLockWait(t, src, "b", "AccessExclusiveLock") // for the guard
+				waitLocked(t, src, "the TRUNCATE", "b") // for the guard
 			}})
 			err := c.Backup(ctx, siphon.BackupOptions{Jobs: jobs, TempDir: t.TempDir()}, &bytes.Buffer{})
 			var conflict *siphon.BackupConflictError
