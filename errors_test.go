@@ -25,6 +25,7 @@ func TestRetryable(t *testing.T) {
 		"slot in use":           fmt.Errorf("siphon: stream changes: slot %q: %w", "s", siphon.ErrSlotInUse),
 		"apply in progress":     fmt.Errorf("siphon: consume canonical: %w", siphon.ErrApplyInProgress),
 		"slot creation blocked": fmt.Errorf("create slot: %w", &siphon.SlotBlockedError{Slot: "s"}),
+		"backup conflict":       &siphon.BackupConflictError{Table: canonical.TableName{Schema: "public", Name: "t"}, Problem: "rewritten"},
 		"server shutting down":  &pgconn.PgError{Code: "57P01"},
 		"too many connections":  &pgconn.PgError{Code: "53300"},
 		"connection lost":       fmt.Errorf("read: %w", io.ErrUnexpectedEOF),
