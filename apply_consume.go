@@ -400,10 +400,11 @@ type applySession struct {
 	declared, previous map[canonical.TableName][]canonical.Column
 	// sequences are the stream's, set once its end is read and applied.
 	sequences []canonical.Sequence
-	// copying receives the result of the COPY running in the background,
-	// if any (see copyInBackground); what describes it.
-	copying chan error
-	what    string
+	// inFlight receives the result of the work running in the background
+	// on the session, if any: a COPY (copyInBackground) or statements sent
+	// ahead (sendAhead); what describes a COPY.
+	inFlight chan error
+	what     string
 	// committed, when set, learns the end (Position and commit time) of
 	// the last source transaction each target transaction committed, and
 	// how many source transactions and changes it took there.
@@ -627,8 +628,8 @@ func (s *applySession) flushCommit(ctx context.Context) error {
 	return s.flush(ctx)
 }
 
-// flush sends the queued statements, once the COPY running in the
-// background is done.
+// flush sends the queued statements and waits for their results, once the
+// work running in the background is done.
 func (s *applySession) flush(ctx context.Context) error {
 	if err := s.await(); err != nil {
 		return err
@@ -636,7 +637,7 @@ func (s *applySession) flush(ctx context.Context) error {
 	return s.q.flush(ctx, s.pg)
 }
 
-// copyFrom runs a COPY, once the one running in the background is done.
+// copyFrom runs a COPY, once the work running in the background is done.
 func (s *applySession) copyFrom(ctx context.Context, r io.Reader, sql string) error {
 	if err := s.await(); err != nil {
 		return err
@@ -694,22 +695,44 @@ func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql
 		}
 		done <- err
 	}()
-	s.copying, s.what = done, what
+	s.inFlight, s.what = done, what
 	return nil
 }
 
-// await waits for the COPY running in the background, if any, and returns
-// its error.
-func (s *applySession) await() error {
-	if s.copying == nil {
+// sendAhead sends the queued statements in the background when nothing
+// else runs there, so that the server runs them while the stream is read
+// on; else they stay queued and go with the next. With send, it waits for
+// what runs there and sends them anyway (a full queue). Statements whose
+// rows are needed are sent by flush, never ahead.
+func (s *applySession) sendAhead(ctx context.Context, send bool) error {
+	if len(s.q.owners) == 0 || (!send && s.busy()) {
 		return nil
 	}
-	err := <-s.copying
-	s.copying = nil
-	if err != nil {
+	if err := s.await(); err != nil {
+		return err
+	}
+	batch := s.q.take()
+	done := make(chan error, 1)
+	go func() { done <- batch.flush(ctx, s.pg) }()
+	s.inFlight, s.what = done, ""
+	return nil
+}
+
+// busy reports whether work runs in the background and has not ended.
+func (s *applySession) busy() bool { return s.inFlight != nil && len(s.inFlight) == 0 }
+
+// await waits for the work running in the background, if any, and returns
+// its error.
+func (s *applySession) await() error {
+	if s.inFlight == nil {
+		return nil
+	}
+	err := <-s.inFlight
+	s.inFlight = nil
+	if err != nil && s.what != "" {
 		return fmt.Errorf("%s: %w", s.what, err)
 	}
-	return nil
+	return err
 }
 
 // errConsumerDone closes the reading end of a pipe into ConsumeCanonical

@@ -30,6 +30,10 @@ type stmtOwner struct {
 	op    canonical.Op
 	table canonical.TableName
 	label string // for statements that are not a change
+	// tx is the Position of the source transaction the change statement
+	// was queued in (zero for others): sent ahead, a statement may fail
+	// while a later transaction is read.
+	tx canonical.Position
 	// onRow, when set, receives the rows the statement returns (text).
 	onRow func(values [][]byte)
 }
@@ -104,6 +108,14 @@ func (q *stmtQueue) flush(ctx context.Context, pg *pgconn.PgConn) error {
 		failed = &stmtError{owner: owners[min(i, len(owners)-1)], err: err}
 	}
 	return failed
+}
+
+// take returns a queue holding what q holds, to be flushed on its own,
+// and leaves q empty.
+func (q *stmtQueue) take() *stmtQueue {
+	t := &stmtQueue{batch: q.batch, owners: q.owners, size: q.size}
+	q.batch, q.owners, q.size = nil, nil, 0
+	return t
 }
 
 // discard drops what is queued.

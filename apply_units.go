@@ -2,6 +2,7 @@ package siphon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -194,10 +195,7 @@ func (cc *changeConsumer) commit(ctx context.Context, ch *canonical.Change) erro
 	if cc.replaying || !cc.src.taping || cc.unit.changes >= maxUnitChanges || cc.unit.schemaChanged || !cc.src.ready() {
 		return cc.commitUnit(ctx)
 	}
-	if cc.s.q.full() {
-		return cc.flushQueue(ctx)
-	}
-	return nil
+	return cc.s.sendAhead(ctx, cc.s.q.full())
 }
 
 // commitUnit commits the unit with the Position of its last complete
@@ -239,7 +237,11 @@ func (cc *changeConsumer) resetUnit() {
 // transactions are applied again, each committed on its own, up to the
 // first that fails.
 func (cc *changeConsumer) fail(ctx context.Context, cause error) error {
-	if cc.tx.open && !cc.tx.skipping {
+	var failed *stmtError
+	switch {
+	case errors.As(cause, &failed) && failed.owner.tx != 0:
+		cause = fmt.Errorf("the transaction committed at %v: %w", failed.owner.tx, cause)
+	case cc.tx.open && !cc.tx.skipping:
 		cause = fmt.Errorf("the transaction committed at %v: %w", cc.tx.pos, cause)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -367,11 +369,8 @@ func (cc *changeConsumer) queueStatement(ctx context.Context, b *binding, sh *sh
 			return err
 		}
 	}
-	s.q.add(st, stmtOwner{op: op, table: b.source})
-	if s.q.full() {
-		return cc.flushQueue(ctx)
-	}
-	return nil
+	s.q.add(st, stmtOwner{op: op, table: b.source, tx: cc.tx.pos})
+	return s.sendAhead(ctx, s.q.full())
 }
 
 func (cc *changeConsumer) flushQueue(ctx context.Context) error { return cc.s.flush(ctx) }
