@@ -140,28 +140,47 @@ func benchReplicate(b *testing.B, work benchWorkload) {
 	b.Run("subscription_binary", each(sub(subConfig{binary: true})))
 	b.Run("subscription_binary_streaming", each(sub(subConfig{binary: true, streaming: true})))
 	b.Run("ratio", func(b *testing.B) {
-		binaryFaster, runs := 0, 0
-		fastest := func() time.Duration {
-			configs := []subConfig{{}, {binary: true}}
-			if runs%2 == 1 {
-				configs[0], configs[1] = configs[1], configs[0]
-			}
-			runs++
-			var best time.Duration
-			var bestCfg subConfig
-			for i, cfg := range configs {
-				if took := r.subscribe(b, cfg).took; i == 0 || took < best {
-					best, bestCfg = took, cfg
-				}
-			}
-			if bestCfg.binary {
-				binaryFaster++
-			}
-			return best
-		}
-		sideBySide(b, "x_subscription", true, 0, func() time.Duration { return r.replicate(b).took }, fastest)
-		b.ReportMetric(100*float64(binaryFaster)/float64(runs), "binary_faster_pct")
+		fastest := r.fastestSubscription(b)
+		sideBySide(b, "x_subscription", true, 0, func() time.Duration { return r.replicate(b).took }, fastest.run)
+		fastest.report(b)
 	})
+}
+
+// fastestSubscription runs a native subscription in its text and binary
+// configurations, in alternating order, and keeps the faster's time.
+type fastestSubscription struct {
+	r                  *replicaBench
+	b                  *testing.B
+	runs, binaryFaster int
+}
+
+func (r *replicaBench) fastestSubscription(b *testing.B) *fastestSubscription {
+	return &fastestSubscription{r: r, b: b}
+}
+
+// run returns the time of the faster configuration on this iteration.
+func (f *fastestSubscription) run() time.Duration {
+	configs := []subConfig{{}, {binary: true}}
+	if f.runs%2 == 1 {
+		configs[0], configs[1] = configs[1], configs[0]
+	}
+	f.runs++
+	var best time.Duration
+	var bestCfg subConfig
+	for i, cfg := range configs {
+		if took := f.r.subscribe(f.b, cfg).took; i == 0 || took < best {
+			best, bestCfg = took, cfg
+		}
+	}
+	if bestCfg.binary {
+		f.binaryFaster++
+	}
+	return best
+}
+
+// report reports how often the binary configuration was the faster.
+func (f *fastestSubscription) report(b *testing.B) {
+	b.ReportMetric(100*float64(f.binaryFaster)/float64(f.runs), "binary_faster_pct")
 }
 
 // newReplicaBench makes the source: work behind a slot, then reads where
