@@ -183,7 +183,7 @@ func (c *Conn) catchUp(ctx context.Context, st *streamState, options []string, g
 	defer c.closeCatchUpWorkers(workers)
 	if err != nil {
 		res := streamResult{resume: st.resumePos()}
-		if len(workers) == 0 && pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded, pgerrcode.TooManyConnections) {
+		if len(workers) == 0 && isLackOfRoom(err) {
 			c.log.Info("stream not catching up through the SQL interface: no free replication slot or connection for a copy of the slot", "slot", c.opts.slot, "err", err)
 			res.caughtUp = true
 			return res, nil
@@ -313,20 +313,28 @@ type catchUpWorker struct {
 	confirmed canonical.Position
 }
 
-// openCatchUpWorkers opens up to n worker sessions, each with its copy of
-// the slot, and reads wal_block_size. It stops at the first failure and
-// returns the workers opened so far with it.
+// openCatchUpWorkers opens up to n worker sessions at once, each with its
+// copy of the slot, and reads wal_block_size. It returns the workers it
+// opened, with the first failure unless that is a lack of connections or
+// slots and some opened (fewer workers: slower, not wrong).
 func (c *Conn) openCatchUpWorkers(ctx context.Context, n int) ([]*catchUpWorker, int64, error) {
+	opened, errs := make([]*catchUpWorker, n), make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { opened[i], errs[i] = c.openCatchUpWorker(ctx) })
+	}
+	wg.Wait()
 	var workers []*catchUpWorker
-	for range n {
-		w, err := c.openCatchUpWorker(ctx)
-		if err != nil {
-			if len(workers) > 0 && pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded, pgerrcode.TooManyConnections) {
-				break // fewer workers: slower, not wrong
-			}
-			return workers, 0, err
+	var failed error
+	for i, w := range opened {
+		if w != nil {
+			workers = append(workers, w)
+		} else if failed == nil || !isLackOfRoom(errs[i]) {
+			failed = errs[i]
 		}
-		workers = append(workers, w)
+	}
+	if failed != nil && (len(workers) == 0 || !isLackOfRoom(failed)) {
+		return workers, 0, failed
 	}
 	var blockSize int64
 	err := workers[0].conn.QueryRow(ctx, "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_block_size'").Scan(&blockSize)
@@ -334,6 +342,12 @@ func (c *Conn) openCatchUpWorkers(ctx context.Context, n int) ([]*catchUpWorker,
 		return workers, 0, fmt.Errorf("read wal_block_size: %w", err)
 	}
 	return workers, blockSize, nil
+}
+
+// isLackOfRoom reports whether err is the server's refusal of another
+// connection or replication slot.
+func isLackOfRoom(err error) bool {
+	return pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded, pgerrcode.TooManyConnections)
 }
 
 // openCatchUpWorker opens a session and makes its temporary copy of the
