@@ -185,23 +185,25 @@ func (f *fastestSubscription) report(b *testing.B) {
 
 // newReplicaBench makes the source: work behind a slot, then reads where
 // its last transaction ends by streaming a copy of the slot, and the
-// source table's digest.
+// source table's digest; and the server of the targets.
+//
+// The targets live on a server of their own, as a replica does: on the
+// source's, the WAL every iteration's target writes would lengthen the
+// backlog that the next iteration's stream finds (its catch-up plans its
+// chunks on it, BackupIncremental reads all of it), where a subscription
+// stops at the workload's end. PostgreSQL 15's launcher starts
+// subscription workers at most once every wal_retrieve_retry_interval (5s
+// by default), whatever their subscription: without the setting, every
+// subscription but the first would wait for it.
 func newReplicaBench(b *testing.B, work benchWorkload) *replicaBench {
 	b.Helper()
 	src := newBenchSource(b, work)
-	r := &replicaBench{src: src, srv: siphontest.Start(b), digest: tableDigest(b, src.admin, "bench")}
+	r := &replicaBench{src: src, digest: tableDigest(b, src.admin, "bench"),
+		srv: siphontest.Start(b, siphontest.WithPrivateServer(), siphontest.WithSetting("wal_retrieve_retry_interval", "1ms"))}
 	if err := src.admin.QueryRow(context.Background(), "SELECT system_identifier::text FROM pg_control_system()").Scan(&r.systemID); err != nil {
 		b.Fatal(err)
 	}
 	r.last = src.lastCommit(b)
-	// PostgreSQL 15's launcher starts subscription workers at most once
-	// every wal_retrieve_retry_interval (5s by default), whatever their
-	// subscription: without this, every subscription but the first would
-	// wait for it.
-	execSQL(b, src.admin, "ALTER SYSTEM SET wal_retrieve_retry_interval = '1ms'", "SELECT pg_reload_conf()")
-	b.Cleanup(func() {
-		execSQL(b, src.admin, "ALTER SYSTEM RESET wal_retrieve_retry_interval", "SELECT pg_reload_conf()")
-	})
 	return r
 }
 
