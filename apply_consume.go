@@ -23,6 +23,11 @@ const (
 	maxPrepared = 500
 	// cleanupTimeout bounds rolling back after a failure.
 	cleanupTimeout = 30 * time.Second
+	// backgroundGrace is how long work running in the background on the
+	// apply session (a COPY, statements sent ahead) goes on once ctx is
+	// cancelled: long enough to end as it would have, so that the unit's
+	// complete source transactions can still be committed (see fail).
+	backgroundGrace = 5 * time.Second
 )
 
 // ConsumeCanonical reads a canonical JSONL stream from r (a snapshot from
@@ -46,11 +51,12 @@ const (
 //   - A stream cut in the middle (a reader error, a truncated stream, ctx
 //     cancelled between records) or a change the target refuses leaves the
 //     target at the last complete transaction before it, and returns the
-//     error; consuming the stream again completes it. A crash, or ctx
-//     cancelled while a statement runs, loses the target transaction in
-//     progress (up to a few source transactions, see below): the target
-//     then stands at the boundary it committed before, with that Position,
-//     and consuming again applies the rest.
+//     error; consuming the stream again completes it. Statements the
+//     session runs while the stream is read on get 5 seconds after ctx is
+//     cancelled to end. A crash, or a statement still running then, loses
+//     the target transaction in progress (up to a few source transactions,
+//     see below): the target then stands at the boundary it committed
+//     before, with that Position, and consuming again applies the rest.
 //
 // The Position is kept in a PostgreSQL replication origin
 // (pg_replication_origin_xact_setup commits it with the transaction;
@@ -687,9 +693,11 @@ func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql
 	if err := s.await(); err != nil {
 		return err
 	}
+	bg, stop := afterGrace(ctx, backgroundGrace)
 	done := make(chan error, 1)
 	go func() {
-		err := copyFromGuarded(ctx, s.pg, rd, sql)
+		defer stop()
+		err := copyFromGuarded(bg, s.pg, rd, sql)
 		if rd.err != nil {
 			err = rd.err
 		}
@@ -702,8 +710,9 @@ func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql
 // sendAhead sends the queued statements in the background when nothing
 // else runs there, so that the server runs them while the stream is read
 // on; else they stay queued and go with the next. With send, it waits for
-// what runs there and sends them anyway (a full queue). Statements whose
-// rows are needed are sent by flush, never ahead.
+// what runs there and sends them anyway (a full queue). A statement whose
+// rows are needed (stmtOwner.onRow) is sent by flush right after it is
+// queued, never ahead.
 func (s *applySession) sendAhead(ctx context.Context, send bool) error {
 	if len(s.q.owners) == 0 || (!send && s.busy()) {
 		return nil
@@ -712,10 +721,27 @@ func (s *applySession) sendAhead(ctx context.Context, send bool) error {
 		return err
 	}
 	batch := s.q.take()
+	bg, stop := afterGrace(ctx, backgroundGrace)
 	done := make(chan error, 1)
-	go func() { done <- batch.flush(ctx, s.pg) }()
+	go func() {
+		defer stop()
+		done <- batch.flush(bg, s.pg)
+	}()
 	s.inFlight, s.what = done, ""
 	return nil
+}
+
+// afterGrace returns a context for work ctx starts in the background: it
+// is cancelled grace after ctx is, with ctx's cause, or when stop is called.
+func afterGrace(ctx context.Context, grace time.Duration) (_ context.Context, stop func()) {
+	bg, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	unwatch := context.AfterFunc(ctx, func() {
+		time.AfterFunc(grace, func() { cancel(context.Cause(ctx)) })
+	})
+	return bg, func() {
+		unwatch()
+		cancel(nil)
+	}
 }
 
 // busy reports whether work runs in the background and has not ended.

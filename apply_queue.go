@@ -30,8 +30,10 @@ type stmtOwner struct {
 	op    canonical.Op
 	table canonical.TableName
 	label string // for statements that are not a change
-	// tx is the Position of the source transaction the change statement
-	// was queued in (zero for others): sent ahead, a statement may fail
+	// tx is the Position of the source transaction being read when the
+	// statement of a change was queued (a run's statement also holds
+	// changes of the transactions before it in the unit); zero for
+	// statements that are not a change's. Sent ahead, a statement may fail
 	// while a later transaction is read.
 	tx canonical.Position
 	// onRow, when set, receives the rows the statement returns (text).

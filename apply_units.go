@@ -370,7 +370,10 @@ func (cc *changeConsumer) queueStatement(ctx context.Context, b *binding, sh *sh
 		}
 	}
 	s.q.add(st, stmtOwner{op: op, table: b.source, tx: cc.tx.pos})
-	return s.sendAhead(ctx, s.q.full())
+	if s.q.full() {
+		return s.sendAhead(ctx, true)
+	}
+	return nil
 }
 
 func (cc *changeConsumer) flushQueue(ctx context.Context) error { return cc.s.flush(ctx) }
@@ -397,6 +400,8 @@ func (cc *changeConsumer) truncate(ctx context.Context, ch *canonical.Change) er
 	if err != nil {
 		return err
 	}
-	cc.s.q.addSQL(truncateSQL(targets, parents, ch.RestartIdentity), fmt.Sprintf("truncate %d tables", len(targets)))
+	cc.s.q.params.reset()
+	cc.s.q.add(&statement{sql: truncateSQL(targets, parents, ch.RestartIdentity)},
+		stmtOwner{label: fmt.Sprintf("truncate %d tables", len(targets)), tx: cc.tx.pos})
 	return nil
 }
