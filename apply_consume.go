@@ -690,21 +690,13 @@ func (g *stoppableReader) stop() {
 // memory it owns, in a goroutine: the stream is read on meanwhile. Every
 // other use of the session waits for it first (await).
 func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql, what string) error {
-	if err := s.await(); err != nil {
-		return err
-	}
-	bg, stop := afterGrace(ctx, backgroundGrace)
-	done := make(chan error, 1)
-	go func() {
-		defer stop()
-		err := copyFromGuarded(bg, s.pg, rd, sql)
+	return s.inBackground(ctx, what, func(ctx context.Context) error {
+		err := copyFromGuarded(ctx, s.pg, rd, sql)
 		if rd.err != nil {
 			err = rd.err
 		}
-		done <- err
-	}()
-	s.inFlight, s.what = done, what
-	return nil
+		return err
+	})
 }
 
 // sendAhead sends the queued statements in the background when nothing
@@ -717,17 +709,24 @@ func (s *applySession) sendAhead(ctx context.Context, send bool) error {
 	if len(s.q.owners) == 0 || (!send && s.busy()) {
 		return nil
 	}
+	batch := s.q.take()
+	return s.inBackground(ctx, "", func(ctx context.Context) error { return batch.flush(ctx, s.pg) })
+}
+
+// inBackground runs work on the session in a goroutine, once the work
+// running there is done, under a context that outlives ctx by
+// backgroundGrace; await returns its error (prefixed with what, if any).
+func (s *applySession) inBackground(ctx context.Context, what string, work func(context.Context) error) error {
 	if err := s.await(); err != nil {
 		return err
 	}
-	batch := s.q.take()
 	bg, stop := afterGrace(ctx, backgroundGrace)
 	done := make(chan error, 1)
 	go func() {
 		defer stop()
-		done <- batch.flush(bg, s.pg)
+		done <- work(bg)
 	}()
-	s.inFlight, s.what = done, ""
+	s.inFlight, s.what = done, what
 	return nil
 }
 
