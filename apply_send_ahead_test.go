@@ -3,7 +3,6 @@ package siphon_test
 import (
 	"bytes"
 	"context"
-	"io"
 	"testing"
 	"time"
 
@@ -12,25 +11,6 @@ import (
 
 	"github.com/siphondb/siphon/canonical"
 )
-
-// gateReader reads r up to at bytes, then waits for open to be closed.
-type gateReader struct {
-	r    io.Reader
-	at   int
-	read int
-	open chan struct{}
-}
-
-func (g *gateReader) Read(b []byte) (int, error) {
-	if g.read >= g.at {
-		<-g.open
-	} else {
-		b = b[:min(len(b), g.at-g.read)]
-	}
-	n, err := g.r.Read(b)
-	g.read += n
-	return n, err
-}
 
 // TestConsumeCanonicalCancelledWhileAStatementWaits cancels an apply while
 // a statement it sent ahead waits for a row another session holds, and the
@@ -55,7 +35,8 @@ func TestConsumeCanonicalCancelledWhileAStatementWaits(t *testing.T) {
 	// The stream stops inside the fourth transaction's insert.
 	at := bytes.Index(stream, []byte(`"ten"`))
 	require.Positive(t, at)
-	gate := &gateReader{r: bytes.NewReader(stream), at: at, open: make(chan struct{})}
+	open := make(chan struct{})
+	gate := &pausingReader{r: bytes.NewReader(stream), at: at, pause: func() { <-open }}
 	done := make(chan error, 1)
 	go func() { done <- c.ConsumeCanonical(ctx, gate) }()
 	waitFor(t, "the update waits for the row", func() bool {
@@ -67,7 +48,7 @@ func TestConsumeCanonicalCancelledWhileAStatementWaits(t *testing.T) {
 	cancel()
 	time.Sleep(300 * time.Millisecond)
 	execSQL(t, locker, "ROLLBACK")
-	close(gate.open)
+	close(open)
 
 	require.ErrorIs(t, <-done, context.Canceled)
 	assert.Equal(t, third, appliedPosition(t, c))

@@ -1055,13 +1055,9 @@ func TestConsumeCanonicalInsertRunsIntoExistingRows(t *testing.T) {
 func TestApplyKeysOfExtensionTypes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srcDSN, src := newDatabase(t)
-	tgtDSN, tgt := newDatabase(t)
-	for _, conn := range []*pgx.Conn{src, tgt} {
-		execSQL(t, conn, `CREATE EXTENSION citext`, `CREATE EXTENSION ltree`,
-			`CREATE TABLE users (email citext PRIMARY KEY, name text NOT NULL)`,
-			`CREATE TABLE paths (path ltree PRIMARY KEY, label text)`)
-	}
+	srcDSN, src, tgtDSN, tgt := twinDatabases(t, `CREATE EXTENSION citext`, `CREATE EXTENSION ltree`,
+		`CREATE TABLE users (email citext PRIMARY KEY, name text NOT NULL)`,
+		`CREATE TABLE paths (path ltree PRIMARY KEY, label text)`)
 	execSQL(t, src, `INSERT INTO users SELECT 'User' || i || '@Example.com', 'user ' || i FROM generate_series(1, 200) i`,
 		`INSERT INTO paths SELECT ('top.n' || i)::ltree, 'node ' || i FROM generate_series(1, 200) i`)
 	c, slot := streamConn(t, srcDSN)

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -111,11 +110,12 @@ func TestKeptApplySessionStartsAfresh(t *testing.T) {
 	assert.Equal(t, 50, count(t, dst, "SELECT count(*) FROM t"))
 }
 
-// pausingReader reads r, pausing once for pause after the first at bytes.
+// pausingReader reads r up to at bytes, then calls pause once before it
+// reads on.
 type pausingReader struct {
 	r      io.Reader
 	at     int
-	pause  time.Duration
+	pause  func()
 	read   int
 	paused bool
 }
@@ -123,7 +123,7 @@ type pausingReader struct {
 func (p *pausingReader) Read(b []byte) (int, error) {
 	if !p.paused && p.read >= p.at {
 		p.paused = true
-		time.Sleep(p.pause)
+		p.pause()
 	}
 	if !p.paused {
 		b = b[:min(len(b), p.at-p.read)]
@@ -141,11 +141,7 @@ func (p *pausingReader) Read(b []byte) (int, error) {
 func TestConsumeCanonicalOutlivesTheTargetsTimeouts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srcDSN, src := newDatabase(t)
-	dstDSN, dst := newDatabase(t)
-	for _, conn := range []*pgx.Conn{src, dst} {
-		execSQL(t, conn, `CREATE TABLE a (id int PRIMARY KEY, v text)`, `CREATE TABLE b (id int PRIMARY KEY, v text)`)
-	}
+	srcDSN, src, dstDSN, dst := twinDatabases(t, `CREATE TABLE a (id int PRIMARY KEY, v text)`, `CREATE TABLE b (id int PRIMARY KEY, v text)`)
 	execSQL(t, src, "INSERT INTO a SELECT g, 'snapshot' FROM generate_series(1, 1000) g",
 		"INSERT INTO b SELECT g, 'snapshot' FROM generate_series(1, 1000) g")
 	shortDatabaseTimeouts(t, dst)
@@ -161,7 +157,7 @@ func TestConsumeCanonicalOutlivesTheTargetsTimeouts(t *testing.T) {
 
 	target := connect(t, dstDSN)
 	for _, stream := range []*bytes.Buffer{&snap, &incremental} {
-		slow := &pausingReader{r: bytes.NewReader(stream.Bytes()), at: stream.Len() / 2, pause: 1500 * time.Millisecond}
+		slow := &pausingReader{r: bytes.NewReader(stream.Bytes()), at: stream.Len() / 2, pause: func() { time.Sleep(1500 * time.Millisecond) }}
 		require.NoError(t, target.ConsumeCanonical(ctx, slow))
 	}
 	assert.Equal(t, tableDigests(t, src), tableDigests(t, dst), "every table's rows")

@@ -5,8 +5,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/siphondb/siphon"
 )
 
 // BenchmarkBackupThenApply compares the backup path with a native
@@ -67,17 +65,8 @@ func (r *replicaBench) backupThenApply(b *testing.B, stream *bytes.Buffer) (took
 	dsn, admin, drop := r.target(b)
 	defer drop()
 	b.StopTimer()
-	slot := r.src.copySlot(b)
-	src, err := siphon.Connect(ctx, r.src.dsn, siphon.WithSlot(slot))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer src.Close()
-	target, err := siphon.Connect(ctx, dsn)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer target.Close()
+	slot, src, target, closeConns := r.siphonEnds(ctx, b, dsn)
+	defer closeConns()
 	stream.Reset()
 	b.StartTimer()
 
@@ -86,8 +75,7 @@ func (r *replicaBench) backupThenApply(b *testing.B, stream *bytes.Buffer) (took
 		b.Fatalf("BackupIncremental: %v", err)
 	}
 	backup = time.Since(began)
-	watch := watchBackends(dsn, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
-		AND pid NOT IN (pg_backend_pid(), $1)`, int32(admin.PgConn().PID()))
+	watch := watchTarget(dsn, admin)
 	client0 := selfSched()
 	if err := target.ConsumeCanonical(ctx, stream); err != nil {
 		b.Fatalf("ConsumeCanonical: %v", err)
@@ -100,16 +88,6 @@ func (r *replicaBench) backupThenApply(b *testing.B, stream *bytes.Buffer) (took
 	b.Logf("backup %v, apply %v (target backend %.0f%% of it on a CPU, %.0f%% runnable; this process %.0f%%)",
 		backup, apply, share(server.cpu), share(server.wait), share(client.cpu))
 
-	b.StopTimer()
-	defer b.StartTimer()
-	if applied, err := target.AppliedPositionFor(ctx, r.systemID, slot); err != nil || applied < r.last {
-		b.Fatalf("the target applied up to %v (%v), want %v", applied, err, r.last)
-	}
-	r.checkSame(b, admin, "BackupIncremental then ConsumeCanonical")
-	if err := target.ResetAppliedPosition(ctx, r.systemID, slot); err != nil {
-		b.Fatal(err)
-	}
-	src.Close()
-	r.dropSlot(b, slot)
+	r.checkApplied(ctx, b, admin, target, slot, "BackupIncremental then ConsumeCanonical")
 	return took, backup
 }

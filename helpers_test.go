@@ -130,6 +130,18 @@ func newDatabase(t *testing.T) (string, *pgx.Conn) {
 	return dsn, connectOrFail(t, dsn)
 }
 
+// twinDatabases makes two fresh databases, a source and a target, each
+// with the schema ddl.
+func twinDatabases(t *testing.T, ddl ...string) (srcDSN string, src *pgx.Conn, tgtDSN string, tgt *pgx.Conn) {
+	t.Helper()
+	srcDSN, src = newDatabase(t)
+	tgtDSN, tgt = newDatabase(t)
+	for _, conn := range []*pgx.Conn{src, tgt} {
+		execSQL(t, conn, ddl...)
+	}
+	return srcDSN, src, tgtDSN, tgt
+}
+
 // connectOrFail opens a session on dsn, closed when the test ends.
 func connectOrFail(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()

@@ -67,8 +67,7 @@ func (a replicaStat) report(b *testing.B, n float64) {
 // what they spent.
 func (r *replicaBench) watch(slot string, targetDSN string, admin *pgx.Conn, client bool) func(took time.Duration) replicaStat {
 	walsender := r.src.watchBackend(slot)
-	target := watchBackends(targetDSN, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
-		AND pid NOT IN (pg_backend_pid(), $1)`, int32(admin.PgConn().PID()))
+	target := watchTarget(targetDSN, admin)
 	client0 := selfSched()
 	return func(took time.Duration) replicaStat {
 		st := replicaStat{took: took}
@@ -81,6 +80,13 @@ func (r *replicaBench) watch(slot string, targetDSN string, admin *pgx.Conn, cli
 		st.known = ok1 && ok2
 		return st
 	}
+}
+
+// watchTarget starts watching the backends of the target database but
+// admin's (see watchBackends).
+func watchTarget(targetDSN string, admin *pgx.Conn) func() (schedStat, bool) {
+	return watchBackends(targetDSN, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+		AND pid NOT IN (pg_backend_pid(), $1)`, int32(admin.PgConn().PID()))
 }
 
 // subConfig is a configuration of a native subscription.
@@ -273,17 +279,8 @@ func (r *replicaBench) replicate(b *testing.B) replicaStat {
 	// siphon's publication holds the schema capture's table, which a
 	// subscription needs on its side too (the workload writes no row to it).
 	execSQL(b, admin, `CREATE SCHEMA siphon`, `CREATE TABLE siphon.schema_changes (id bigint PRIMARY KEY, change jsonb NOT NULL)`)
-	slot := r.src.copySlot(b)
-	src, err := siphon.Connect(ctx, r.src.dsn, siphon.WithSlot(slot))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer src.Close()
-	target, err := siphon.Connect(ctx, dsn)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer target.Close()
+	slot, src, target, closeConns := r.siphonEnds(ctx, b, dsn)
+	defer closeConns()
 	var oid string
 	if err := admin.QueryRow(ctx, "SELECT oid::text FROM pg_database WHERE datname = current_database()").Scan(&oid); err != nil {
 		b.Fatal(err)
@@ -306,17 +303,45 @@ func (r *replicaBench) replicate(b *testing.B) replicaStat {
 		b.Fatalf("Replicate: %v", err)
 	}
 
+	r.checkApplied(ctx, b, admin, target, slot, "Replicate")
+	return st
+}
+
+// siphonEnds makes a fresh copy of the slot and connects siphon to it and
+// to the target dsn (call it off the timer); closeConns closes both Conns.
+func (r *replicaBench) siphonEnds(ctx context.Context, b *testing.B, dsn string) (slot string, src, target *siphon.Conn, closeConns func()) {
+	b.Helper()
+	slot = r.src.copySlot(b)
+	src, err := siphon.Connect(ctx, r.src.dsn, siphon.WithSlot(slot))
+	if err != nil {
+		b.Fatal(err)
+	}
+	target, err = siphon.Connect(ctx, dsn)
+	if err != nil {
+		src.Close()
+		b.Fatal(err)
+	}
+	return slot, src, target, func() {
+		target.Close()
+		src.Close()
+	}
+}
+
+// checkApplied checks, off the timer, that who brought the target of
+// admin to the workload's end and to the source's rows, then forgets the
+// target's applied position and drops the copy of the slot.
+func (r *replicaBench) checkApplied(ctx context.Context, b *testing.B, admin *pgx.Conn, target *siphon.Conn, slot, who string) {
+	b.Helper()
 	b.StopTimer()
 	defer b.StartTimer()
 	if applied, err := target.AppliedPositionFor(ctx, r.systemID, slot); err != nil || applied < r.last {
-		b.Fatalf("the target applied up to %v (%v), want %v", applied, err, r.last)
+		b.Fatalf("%s: the target applied up to %v (%v), want %v", who, applied, err, r.last)
 	}
-	r.checkSame(b, admin, "Replicate")
+	r.checkSame(b, admin, who)
 	if err := target.ResetAppliedPosition(ctx, r.systemID, slot); err != nil {
 		b.Fatal(err)
 	}
 	r.dropSlot(b, slot)
-	return st
 }
 
 // subscribe has a native subscription in configuration cfg apply a fresh

@@ -1,7 +1,6 @@
 package siphon_test
 
 import (
-	"fmt"
 	"log/slog"
 	"testing"
 
@@ -36,18 +35,11 @@ func TestCatchUpWithRoomForFewerWorkers(t *testing.T) {
 			admin := connectOrFail(t, dsn)
 			execSQL(t, admin, "CREATE TABLE wide (id int PRIMARY KEY, pad text)")
 			c, logs, slot, start := catchUpConnAt(t, dsn)
-			execSQL(t, admin, `DO $$ BEGIN
-				FOR i IN 1..50 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 10) FROM generate_series(1, 100) k; COMMIT; END LOOP;
-				END $$`)
+			insertWide(t, admin, 50, 100)
 			emitMarker(t, admin, "end")
 
 			changes, _ := collectUntilEnd(t, c, start, nil)
-			txs := transactions(t, changes)
-			require.Len(t, txs, 50)
-			for i, tx := range txs {
-				require.Len(t, tx.changes, 100, "transaction %d", i)
-				assert.Equal(t, fmt.Sprint((i+1)*1000+1), text(t, tx.changes[0].New[0]), "transaction %d", i)
-			}
+			requireWide(t, changes, 50, 100)
 			if found := logs.find(slog.LevelInfo, tc.log); assert.Len(t, found, 1) {
 				assert.Contains(t, found[0], tc.want)
 			}

@@ -116,6 +116,28 @@ func catchUpBacklog(t *testing.T, dsn string, admin *pgx.Conn, slots []string) {
 	emitMarker(t, admin, "backlog")
 }
 
+// insertWide commits txs transactions of rows inserts each into the table
+// wide (id int PRIMARY KEY, pad text): transaction i (from 1) inserts the
+// ids i*1000+1 to i*1000+rows, with a 960-byte pad.
+func insertWide(t *testing.T, admin *pgx.Conn, txs, rows int) {
+	t.Helper()
+	execSQL(t, admin, fmt.Sprintf(`DO $$ BEGIN
+		FOR i IN 1..%d LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, %d) k; COMMIT; END LOOP;
+		END $$`, txs, rows))
+}
+
+// requireWide fails unless changes are insertWide's txs transactions of
+// rows inserts, whole and in order.
+func requireWide(t *testing.T, changes []canonical.Change, txs, rows int) {
+	t.Helper()
+	got := transactions(t, changes)
+	require.Len(t, got, txs)
+	for i, tx := range got {
+		require.Len(t, tx.changes, rows, "transaction %d", i)
+		assert.Equal(t, fmt.Sprint((i+1)*1000+1), text(t, tx.changes[0].New[0]), "transaction %d", i)
+	}
+}
+
 // TestCatchUpDeliversWhatTheWalsenderDelivers takes one backlog through the
 // walsender alone and through the SQL catch-up in three ways (chunks far
 // smaller than the large transaction read by two workers in turn, chunks
@@ -495,9 +517,7 @@ func TestCatchUpSwitchWhileTheSlotAdvances(t *testing.T) {
 		"CREATE TABLE wide (id int PRIMARY KEY, pad text)")
 	c, logs, slot, start := catchUpConnAt(t, dsn, siphon.WithStatusInterval(time.Millisecond))
 	c.SetCatchUpForTest(siphon.CatchUpForTest{MinChunk: 1 << 20, MaxChunk: 1 << 20, Workers: 2})
-	execSQL(t, admin, `DO $$ BEGIN
-		FOR i IN 1..150 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 100) k; COMMIT; END LOOP;
-		END $$`)
+	insertWide(t, admin, 150, 100)
 	pos := start
 	for round := range 3 {
 		// Markers of the round's own: a resume from the last commit reads
@@ -546,9 +566,7 @@ func TestCatchUpAdvanceCutShortFreesTheSlot(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE wide (id int PRIMARY KEY, pad text)")
 	c, _, slot, _ := catchUpConnAt(t, dsn)
-	execSQL(t, admin, `DO $$ BEGIN
-		FOR i IN 1..200 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 100) k; COMMIT; END LOOP;
-		END $$`)
+	insertWide(t, admin, 200, 100)
 	var flushed string
 	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&flushed))
 	to, err := canonical.ParsePosition(flushed) // an advance goes no further
@@ -595,9 +613,7 @@ func TestCatchUpIncrementalSlotTakenMeanwhile(t *testing.T) {
 	dsn, admin := newDatabase(t)
 	execSQL(t, admin, "CREATE TABLE wide (id int PRIMARY KEY, pad text)")
 	c, logs, slot, since := catchUpConnAt(t, dsn, siphon.WithStatusInterval(20*time.Millisecond))
-	execSQL(t, admin, `DO $$ BEGIN
-		FOR i IN 1..100 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 20) k; COMMIT; END LOOP;
-		END $$`)
+	insertWide(t, admin, 100, 20)
 
 	other, err := siphon.Connect(ctx, dsn, siphon.WithSlot(slot))
 	require.NoError(t, err)
@@ -660,17 +676,10 @@ func TestCatchUpChunkTheServerCannotHoldGoesToTheWalsender(t *testing.T) {
 	limited := withSessionOptions(t, dsn, "temp_file_limit=1024")
 	c, logs := catchUpConn(t, limited, slot)
 	c.SetCatchUpForTest(siphon.CatchUpForTest{MinChunk: 64 << 20, MaxChunk: 64 << 20})
-	execSQL(t, admin, `DO $$ BEGIN
-		FOR i IN 1..100 LOOP INSERT INTO wide SELECT i * 1000 + k, repeat(md5(k::text), 30) FROM generate_series(1, 100) k; COMMIT; END LOOP;
-		END $$`)
+	insertWide(t, admin, 100, 100)
 	emitMarker(t, admin, "end")
 	changes, _ := collectUntilEnd(t, c, start, nil)
-	txs := transactions(t, changes)
-	require.Len(t, txs, 100)
-	for i, tx := range txs {
-		require.Len(t, tx.changes, 100, "transaction %d", i)
-		assert.Equal(t, fmt.Sprint((i+1)*1000+1), text(t, tx.changes[0].New[0]), "transaction %d", i)
-	}
+	requireWide(t, changes, 100, 100)
 	assert.NotEmpty(t, logs.find(slog.LevelInfo, catchUpStarted))
 	if switched := logs.find(slog.LevelInfo, catchUpSwitched); assert.Len(t, switched, 1) {
 		assert.Contains(t, switched[0], "could not materialize")
