@@ -23,11 +23,6 @@ const (
 	maxPrepared = 500
 	// cleanupTimeout bounds rolling back after a failure.
 	cleanupTimeout = 30 * time.Second
-	// backgroundGrace is how long work running in the background on the
-	// apply session (a COPY, statements sent ahead) goes on once ctx is
-	// cancelled: long enough to end as it would have, so that the unit's
-	// complete source transactions can still be committed (see fail).
-	backgroundGrace = 5 * time.Second
 )
 
 // ConsumeCanonical reads a canonical JSONL stream from r (a snapshot from
@@ -233,7 +228,7 @@ func (s *applySession) checkContinues(ctx context.Context, h canonical.Header) e
 // backup, anything else) with an error wrapping ErrNotCanonical that says
 // what it is.
 func canonicalBody(r io.Reader) (io.Reader, error) {
-	br := bufio.NewReaderSize(r, 256<<10)
+	br := bufio.NewReaderSize(r, 1<<20)
 	start, _ := br.Peek(len(canonical.EnvelopeMagic))
 	text := bytes.TrimLeft(start, " \t\r\n")
 	switch {
@@ -260,7 +255,7 @@ func canonicalBody(r io.Reader) (io.Reader, error) {
 type records interface {
 	// Next returns the next record, io.EOF after the end record.
 	Next() (canonical.Record, error)
-	// Buffered reports whether more is at hand without waiting.
+	// Buffered reports whether the next record is at hand without waiting.
 	Buffered() bool
 }
 
@@ -276,8 +271,8 @@ type streamRecords struct {
 
 func newStreamRecords(r io.Reader, rules streamRules) *streamRecords {
 	// The decoder reads through br itself (bufio reuses a large enough
-	// Reader), so br.Buffered tells whether more of the stream is in memory.
-	br := bufio.NewReaderSize(r, 256<<10)
+	// Reader), so what br holds tells what of the stream is in memory.
+	br := bufio.NewReaderSize(r, 1<<20)
 	return &streamRecords{br: br, dec: rules.newDecoder(br), rules: rules}
 }
 
@@ -296,20 +291,45 @@ func (s *streamRecords) Next() (canonical.Record, error) {
 	return rec, nil
 }
 
-func (s *streamRecords) Buffered() bool { return s.br.Buffered() > 0 }
+// Buffered reports whether a whole line of the stream is in memory: a line
+// begun and not ended may wait for its writer.
+func (s *streamRecords) Buffered() bool {
+	n := s.br.Buffered()
+	if n == 0 {
+		return false
+	}
+	held, _ := s.br.Peek(n)
+	return bytes.IndexByte(held, '\n') >= 0
+}
 
 // recordSource reads records, with one record of look-ahead. While taping,
 // it keeps the records it reads, so that a failed unit can be applied
-// again; replay makes it return records again.
+// again; replay makes it return records again. It can also decode records
+// ahead, while the apply session's server works (readAhead).
 type recordSource struct {
 	from    records
 	pending *canonical.Record
 	replay  []canonical.Record
 
+	// ahead holds the records decoded ahead from aheadAt on, then aheadErr
+	// (the stream's error that came after them), if any; ended is set once
+	// the end record is read, after which nothing is read ahead.
+	ahead    []canonical.Record
+	aheadAt  int
+	aheadErr error
+	ended    bool
+
 	tape      []canonical.Record
 	tapeBytes int
 	taping    bool // off until resetTape, and once the tape is full
 }
+
+// Bounds of decoding ahead: the records of a batch of inserts, and the
+// transaction records between them.
+const (
+	maxAheadRecords = 2 * copyBatchRows
+	maxAheadBytes   = copyBatchBytes
+)
 
 func newRecordSource(from records) *recordSource { return &recordSource{from: from} }
 
@@ -323,7 +343,7 @@ func (s *recordSource) next() (canonical.Record, error) {
 		s.replay = s.replay[1:]
 		return rec, nil
 	}
-	rec, err := s.from.Next()
+	rec, err := s.fromAhead()
 	if err == nil && s.taping {
 		// Past the limit the tape stops growing; what it holds stays.
 		s.tape = append(s.tape, rec)
@@ -347,6 +367,49 @@ func recordBytes(rec canonical.Record) int {
 	return n
 }
 
+// fromAhead returns the next record decoded ahead, else the stream's next.
+func (s *recordSource) fromAhead() (canonical.Record, error) {
+	if s.aheadAt < len(s.ahead) {
+		rec := s.ahead[s.aheadAt]
+		s.ahead[s.aheadAt] = canonical.Record{}
+		s.aheadAt++
+		return rec, nil
+	}
+	s.ahead, s.aheadAt = s.ahead[:0], 0
+	if s.aheadErr != nil {
+		return canonical.Record{}, s.aheadErr
+	}
+	rec, err := s.from.Next()
+	s.ended = s.ended || rec.Type == canonical.RecordEnd
+	return rec, err
+}
+
+// readAhead decodes the records the stream holds in memory already, up to
+// maxAheadRecords or maxAheadBytes more, until done is closed: the apply
+// decodes the stream on while its server works on what it sent (a unit's
+// last batches, its COMMIT), so that the next unit's first batch is ready
+// when the server is. It reads nothing while records are replayed, nor
+// past the end record.
+func (s *recordSource) readAhead(done <-chan struct{}) {
+	size := 0
+	for s.pending == nil && len(s.replay) == 0 && s.aheadErr == nil && !s.ended &&
+		len(s.ahead)-s.aheadAt < maxAheadRecords && size < maxAheadBytes && s.from.Buffered() {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		rec, err := s.from.Next()
+		if err != nil {
+			s.aheadErr = err
+			return
+		}
+		s.ahead = append(s.ahead, rec)
+		s.ended = rec.Type == canonical.RecordEnd
+		size += recordBytes(rec)
+	}
+}
+
 // resetTape empties the tape, then puts records on it, and starts taping.
 func (s *recordSource) resetTape(records ...canonical.Record) {
 	clear(s.tape)
@@ -360,15 +423,17 @@ func (s *recordSource) resetTape(records ...canonical.Record) {
 // nothing from the stream.
 func (s *recordSource) replayThenEnd(records []canonical.Record) {
 	s.pending, s.taping = nil, false
+	clear(s.ahead)
+	s.ahead, s.aheadAt, s.aheadErr = nil, 0, nil
 	s.replay = append(records, canonical.Record{Type: canonical.RecordEnd})
 }
 
 // unread puts rec back, to be returned by the next call of next.
 func (s *recordSource) unread(rec canonical.Record) { s.pending = &rec }
 
-// ready reports whether the next record is (at least partly) read already.
+// ready reports whether the next record is read already, or in memory.
 func (s *recordSource) ready() bool {
-	return s.pending != nil || len(s.replay) > 0 || s.from.Buffered()
+	return s.pending != nil || len(s.replay) > 0 || s.aheadAt < len(s.ahead) || s.aheadErr != nil || s.from.Buffered()
 }
 
 // drain reads the rest of the stream, checking it.
@@ -406,11 +471,9 @@ type applySession struct {
 	declared, previous map[canonical.TableName][]canonical.Column
 	// sequences are the stream's, set once its end is read and applied.
 	sequences []canonical.Sequence
-	// inFlight receives the result of the work running in the background
-	// on the session, if any: a COPY (copyInBackground) or statements sent
-	// ahead (sendAhead); what describes a COPY.
-	inFlight chan error
-	what     string
+	// background holds the work started in the background on the session
+	// and not awaited yet, in the order it runs (see inBackground).
+	background []*backgroundJob
 	// committed, when set, learns the end (Position and commit time) of
 	// the last source transaction each target transaction committed, and
 	// how many source transactions and changes it took there.
@@ -684,80 +747,6 @@ func (g *stoppableReader) stop() {
 	g.mu.Lock()
 	g.stopped = true
 	g.mu.Unlock()
-}
-
-// copyInBackground starts a COPY from rd, which must read nothing but
-// memory it owns, in a goroutine: the stream is read on meanwhile. Every
-// other use of the session waits for it first (await).
-func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql, what string) error {
-	return s.inBackground(ctx, what, func(ctx context.Context) error {
-		err := copyFromGuarded(ctx, s.pg, rd, sql)
-		if rd.err != nil {
-			err = rd.err
-		}
-		return err
-	})
-}
-
-// sendAhead sends the queued statements in the background when nothing
-// else runs there, so that the server runs them while the stream is read
-// on; else they stay queued and go with the next. With send, it waits for
-// what runs there and sends them anyway (a full queue). A statement whose
-// rows are needed (stmtOwner.onRow) is sent by flush right after it is
-// queued, never ahead.
-func (s *applySession) sendAhead(ctx context.Context, send bool) error {
-	if len(s.q.owners) == 0 || (!send && s.busy()) {
-		return nil
-	}
-	batch := s.q.take()
-	return s.inBackground(ctx, "", func(ctx context.Context) error { return batch.flush(ctx, s.pg) })
-}
-
-// inBackground runs work on the session in a goroutine, once the work
-// running there is done, under a context that outlives ctx by
-// backgroundGrace; await returns its error (prefixed with what, if any).
-func (s *applySession) inBackground(ctx context.Context, what string, work func(context.Context) error) error {
-	if err := s.await(); err != nil {
-		return err
-	}
-	bg, stop := afterGrace(ctx, backgroundGrace)
-	done := make(chan error, 1)
-	go func() {
-		defer stop()
-		done <- work(bg)
-	}()
-	s.inFlight, s.what = done, what
-	return nil
-}
-
-// afterGrace returns a context for work ctx starts in the background: it
-// is cancelled grace after ctx is, with ctx's cause, or when stop is called.
-func afterGrace(ctx context.Context, grace time.Duration) (_ context.Context, stop func()) {
-	bg, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	unwatch := context.AfterFunc(ctx, func() {
-		time.AfterFunc(grace, func() { cancel(context.Cause(ctx)) })
-	})
-	return bg, func() {
-		unwatch()
-		cancel(nil)
-	}
-}
-
-// busy reports whether work runs in the background and has not ended.
-func (s *applySession) busy() bool { return s.inFlight != nil && len(s.inFlight) == 0 }
-
-// await waits for the work running in the background, if any, and returns
-// its error.
-func (s *applySession) await() error {
-	if s.inFlight == nil {
-		return nil
-	}
-	err := <-s.inFlight
-	s.inFlight = nil
-	if err != nil && s.what != "" {
-		return fmt.Errorf("%s: %w", s.what, err)
-	}
-	return err
 }
 
 // errConsumerDone closes the reading end of a pipe into ConsumeCanonical

@@ -141,10 +141,11 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 			return cc.queueInserts(ctx, b, rows)
 		}
 	}
-	if err := cc.flushQueue(ctx); err != nil {
+	// What is queued goes first, and the rows are in memory: both run in
+	// the background, after what runs there, while the stream is read on.
+	if err := cc.s.sendAhead(ctx, true); err != nil {
 		return err
 	}
-	// The rows are in memory: the COPY runs while the stream is read on.
 	rd := &copyReader{table: table, first: rows}
 	if err := cc.s.copyInBackground(ctx, rd, b.copySQL(), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source)); err != nil {
 		return err

@@ -70,11 +70,12 @@ type insertRun struct {
 
 // Bounds of runs of inserts: from copyThreshold rows on, a run is copied;
 // a run into a keyed table is copied in batches of at most copyBatchRows
-// rows or copyBatchBytes bytes.
+// rows or copyBatchBytes bytes (maxBackgroundJobs of them in memory while
+// the next is read).
 const (
 	copyThreshold  = 64
 	copyBatchRows  = 2000
-	copyBatchBytes = 8 << 20
+	copyBatchBytes = 4 << 20
 )
 
 func (cc *changeConsumer) consume(ctx context.Context) error {
@@ -211,6 +212,9 @@ func (cc *changeConsumer) commitUnit(ctx context.Context) error {
 	}
 	if err := cc.flushRuns(ctx); err != nil {
 		return err
+	}
+	if !cc.replaying {
+		cc.src.readAhead(s.backgroundDone())
 	}
 	last := cc.unit.ends[len(cc.unit.ends)-1]
 	s.finishTransaction(last.pos, last.at)

@@ -1,0 +1,157 @@
+package siphon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Work in the background on the apply session: the server runs a batch
+// while the stream is read and decoded on. Jobs run one after another in
+// the order they were started, each once the one before has ended; a job
+// after one that failed is skipped. Every use of the session outside them
+// waits for them all first (await).
+const (
+	// maxBackgroundJobs bounds the jobs started and not awaited yet: one
+	// running and those queued behind it, so that the server goes from one
+	// batch to the next without waiting for the stream's decoding, which
+	// runs ahead by up to this many batches.
+	maxBackgroundJobs = 3
+	// backgroundGrace is how long work running in the background on the
+	// apply session (a COPY, statements sent ahead) goes on once ctx is
+	// cancelled: long enough to end as it would have, so that the unit's
+	// complete source transactions can still be committed (see fail).
+	backgroundGrace = 5 * time.Second
+)
+
+// backgroundJob is one piece of work started in the background on the
+// apply session.
+type backgroundJob struct {
+	what     string        // prefixes its error, when not empty
+	finished chan struct{} // closed once the work has returned, or was skipped
+	err      error         // the work's; set before finished is closed
+}
+
+// errAfterFailure is a skipped job's error; await reports the failure
+// before it instead.
+var errAfterFailure = errors.New("siphon: not run: the work before it failed")
+
+// failure returns the job's error, prefixed with what it was doing.
+func (j *backgroundJob) failure() error {
+	if j.err != nil && j.what != "" {
+		return fmt.Errorf("%s: %w", j.what, j.err)
+	}
+	return j.err
+}
+
+// copyInBackground starts a COPY from rd, which must read nothing but
+// memory it owns, in the background: the stream is read on meanwhile.
+func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql, what string) error {
+	return s.inBackground(ctx, what, func(ctx context.Context) error {
+		err := copyFromGuarded(ctx, s.pg, rd, sql)
+		if rd.err != nil {
+			err = rd.err
+		}
+		return err
+	})
+}
+
+// sendAhead sends the queued statements in the background, so that the
+// server runs them while the stream is read on; unless, without send,
+// other work runs there still: then they stay queued and go with the next
+// (send is for a full queue). A statement whose rows are needed
+// (stmtOwner.onRow) is sent by flush right after it is queued, never
+// ahead.
+func (s *applySession) sendAhead(ctx context.Context, send bool) error {
+	if len(s.q.owners) == 0 || (!send && s.busy()) {
+		return nil
+	}
+	batch := s.q.take()
+	return s.inBackground(ctx, "", func(ctx context.Context) error { return batch.flush(ctx, s.pg) })
+}
+
+// inBackground starts work on the session in a goroutine, to run once the
+// jobs started before it have ended, under a context that outlives ctx by
+// backgroundGrace. With maxBackgroundJobs not awaited yet, it first waits
+// for the oldest, and returns its error, if any, once all have ended.
+func (s *applySession) inBackground(ctx context.Context, what string, work func(context.Context) error) error {
+	if len(s.background) >= maxBackgroundJobs {
+		oldest := s.background[0]
+		<-oldest.finished
+		s.background = s.background[1:]
+		if oldest.err != nil {
+			s.await()
+			return oldest.failure()
+		}
+	}
+	var before *backgroundJob
+	if n := len(s.background); n > 0 {
+		before = s.background[n-1]
+	}
+	job := &backgroundJob{what: what, finished: make(chan struct{})}
+	bg, stop := afterGrace(ctx, backgroundGrace)
+	go func() {
+		defer close(job.finished)
+		defer stop()
+		if before != nil {
+			if <-before.finished; before.err != nil {
+				job.err = errAfterFailure
+				return
+			}
+		}
+		job.err = work(bg)
+	}()
+	s.background = append(s.background, job)
+	return nil
+}
+
+// afterGrace returns a context for work ctx starts in the background: it
+// is cancelled grace after ctx is, with ctx's cause, or when stop is called.
+func afterGrace(ctx context.Context, grace time.Duration) (_ context.Context, stop func()) {
+	bg, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	unwatch := context.AfterFunc(ctx, func() {
+		time.AfterFunc(grace, func() { cancel(context.Cause(ctx)) })
+	})
+	return bg, func() {
+		unwatch()
+		cancel(nil)
+	}
+}
+
+// busy reports whether work runs in the background and has not ended.
+func (s *applySession) busy() bool {
+	n := len(s.background)
+	if n == 0 {
+		return false
+	}
+	select {
+	case <-s.background[n-1].finished: // jobs end in order: all have
+		return false
+	default:
+		return true
+	}
+}
+
+// backgroundDone returns a channel closed once the work started in the
+// background has ended (closed already when there is none).
+func (s *applySession) backgroundDone() <-chan struct{} {
+	if n := len(s.background); n > 0 {
+		return s.background[n-1].finished
+	}
+	return closedChan()
+}
+
+// await waits for the work started in the background, if any, and returns
+// the first error of it.
+func (s *applySession) await() error {
+	var first error
+	for _, job := range s.background {
+		<-job.finished
+		if first == nil && job.err != nil {
+			first = job.failure()
+		}
+	}
+	s.background = nil
+	return first
+}

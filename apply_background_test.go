@@ -1,0 +1,125 @@
+package siphon_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/siphondb/siphon/canonical"
+)
+
+// TestConsumeCanonicalCancelledWhileAStatementWaits cancels an apply while
+// a statement it sent ahead waits for a row another session holds, and the
+// stream is read on: once the row is free the statement ends, and the
+// three complete source transactions are kept with their Position, as when
+// ctx is cancelled between records; the fourth, incomplete, is not.
+func TestConsumeCanonicalCancelledWhileAStatementWaits(t *testing.T) {
+	t.Parallel()
+	dsn, target, c := applyTarget(t, ledgerDDL[0])
+	execSQL(t, target, "INSERT INTO items VALUES (1, 0, 'one'), (2, 0, 'two'), (3, 0, 'three')")
+	s := newStream(t, canonical.KindIncremental, 0x9000000, "cancelled", tableOf(t, inspect(t, c), itemsName))
+	s.tx(del(itemsName, tv("1"), tv("0"), tv("one")))
+	s.tx(upd(itemsName, nil, tv("2"), tv("2"), tv("updated")))
+	third := s.tx(del(itemsName, tv("3"), tv("0"), tv("three")))
+	s.tx(ins(itemsName, tv("10"), tv("4"), tv("ten")))
+	stream := s.done()
+
+	locker := connectOrFail(t, dsn)
+	execSQL(t, locker, "BEGIN", "SELECT * FROM items WHERE id = 2 FOR UPDATE")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The stream stops inside the fourth transaction's insert.
+	at := bytes.Index(stream, []byte(`"ten"`))
+	require.Positive(t, at)
+	open := make(chan struct{})
+	gate := &pausingReader{r: bytes.NewReader(stream), at: at, pause: func() { <-open }}
+	done := make(chan error, 1)
+	go func() { done <- c.ConsumeCanonical(ctx, gate) }()
+	waitFor(t, "the update waits for the row", func() bool {
+		var waits bool
+		require.NoError(t, target.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%')`).Scan(&waits))
+		return waits
+	})
+	cancel()
+	time.Sleep(300 * time.Millisecond)
+	execSQL(t, locker, "ROLLBACK")
+	close(open)
+
+	require.ErrorIs(t, <-done, context.Canceled)
+	assert.Equal(t, third, appliedPosition(t, c))
+	assert.Equal(t, [][]*string{{ptr("2"), ptr("2"), ptr("updated")}},
+		rawRows(t, target, "SELECT id::text, tx::text, note FROM items ORDER BY id"))
+}
+
+// insertItems returns inserts into items of the ids from first to last,
+// their tx column tx, and note "bad" for the id bad.
+func insertItems(first, last, tx, bad int) []canonical.Change {
+	var changes []canonical.Change
+	for id := first; id <= last; id++ {
+		note := "new"
+		if id == bad {
+			note = "bad"
+		}
+		changes = append(changes, ins(itemsName, tv(fmt.Sprint(id)), tv(fmt.Sprint(tx)), tv(note)))
+	}
+	return changes
+}
+
+// TestConsumeCanonicalFailureInAQueuedCopy fails the second of several
+// batches of inserts copied in the background one after another (a CHECK
+// constraint the target has and the source had not): the unit is applied
+// again a transaction at a time, so the three transactions before the one
+// with the bad row are kept with their Position, and the error names the
+// constraint, not the batches queued behind the failed one.
+func TestConsumeCanonicalFailureInAQueuedCopy(t *testing.T) {
+	t.Parallel()
+	_, target, c := applyTarget(t, ledgerDDL[0])
+	execSQL(t, target, `ALTER TABLE items ADD CONSTRAINT no_bad CHECK (note IS DISTINCT FROM 'bad')`)
+	s := newStream(t, canonical.KindIncremental, 0xa000000, "queued", tableOf(t, inspect(t, c), itemsName))
+	// Transactions of 800 inserts: batches of up to 2000 rows span them,
+	// and the bad row, in the fourth, is in the second batch.
+	var third canonical.Position
+	for tx := 1; tx <= 9; tx++ {
+		pos := s.tx(insertItems(800*(tx-1)+1, 800*tx, tx, 2900)...)
+		if tx == 3 {
+			third = pos
+		}
+	}
+	err := consume(t, c, s.done())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no_bad")
+	assert.NotContains(t, err.Error(), "not run")
+	assert.Equal(t, third, appliedPosition(t, c))
+	assert.Equal(t, [][]*string{{ptr("2400"), ptr("3")}},
+		rawRows(t, target, "SELECT count(*)::text, max(tx)::text FROM items"))
+}
+
+// TestConsumeCanonicalDamageReadAheadKeepsWhatCameBefore cuts a stream
+// inside a transaction that follows a full unit (10,000 inserts, whose
+// batches are still being copied when it commits, so the apply decodes the
+// stream ahead meanwhile): the damage is reported once the transactions
+// before it are applied, and they are kept.
+func TestConsumeCanonicalDamageReadAheadKeepsWhatCameBefore(t *testing.T) {
+	t.Parallel()
+	_, target, c := applyTarget(t, ledgerDDL[0])
+	s := newStream(t, canonical.KindIncremental, 0xb000000, "ahead", tableOf(t, inspect(t, c), itemsName))
+	for tx := 1; tx <= 10; tx++ {
+		s.tx(insertItems(1000*(tx-1)+1, 1000*tx, tx, 0)...)
+	}
+	eleventh := s.tx(insertItems(10001, 10100, 11, 0)...)
+	s.tx(insertItems(10101, 10200, 12, 0)...)
+	stream := s.done()
+	cut := bytes.Index(stream, []byte(`"10150"`))
+	require.Positive(t, cut)
+
+	require.ErrorIs(t, consume(t, c, stream[:cut]), canonical.ErrTruncated)
+	assert.Equal(t, eleventh, appliedPosition(t, c))
+	assert.Equal(t, [][]*string{{ptr("10100"), ptr("11")}},
+		rawRows(t, target, "SELECT count(*)::text, max(tx)::text FROM items"))
+}
