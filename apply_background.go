@@ -3,7 +3,6 @@ package siphon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -28,7 +27,6 @@ const (
 // backgroundJob is one piece of work started in the background on the
 // apply session.
 type backgroundJob struct {
-	what     string        // prefixes its error, when not empty
 	finished chan struct{} // closed once the work has returned, or was skipped
 	err      error         // the work's; set before finished is closed
 }
@@ -37,23 +35,19 @@ type backgroundJob struct {
 // before it instead.
 var errAfterFailure = errors.New("siphon: not run: the work before it failed")
 
-// failure returns the job's error, prefixed with what it was doing.
-func (j *backgroundJob) failure() error {
-	if j.err != nil && j.what != "" {
-		return fmt.Errorf("%s: %w", j.what, j.err)
-	}
-	return j.err
-}
-
 // copyInBackground starts a COPY from rd, which must read nothing but
-// memory it owns, in the background: the stream is read on meanwhile.
-func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql, what string) error {
-	return s.inBackground(ctx, what, func(ctx context.Context) error {
+// memory it owns, in the background: the stream is read on meanwhile. Its
+// error is owner's, as a queued statement's is.
+func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql string, owner stmtOwner) error {
+	return s.inBackground(ctx, func(ctx context.Context) error {
 		err := copyFromGuarded(ctx, s.pg, rd, sql)
 		if rd.err != nil {
-			err = rd.err
+			return rd.err
 		}
-		return err
+		if err != nil {
+			return &stmtError{owner: owner, err: err}
+		}
+		return nil
 	})
 }
 
@@ -68,38 +62,46 @@ func (s *applySession) sendAhead(ctx context.Context, send bool) error {
 		return nil
 	}
 	batch := s.q.take()
-	return s.inBackground(ctx, "", func(ctx context.Context) error { return batch.flush(ctx, s.pg) })
+	return s.inBackground(ctx, func(ctx context.Context) error { return batch.flush(ctx, s.pg) })
 }
 
 // inBackground starts work on the session in a goroutine, to run once the
 // jobs started before it have ended, under a context that outlives ctx by
-// backgroundGrace. With maxBackgroundJobs not awaited yet, it first waits
-// for the oldest, and returns its error, if any, once all have ended.
-func (s *applySession) inBackground(ctx context.Context, what string, work func(context.Context) error) error {
+// backgroundGrace. Work that has not started when ctx is cancelled is
+// skipped, and reports ctx's cause: the session stays usable, so that the
+// unit's complete source transactions can be applied again (the grace is
+// for work already on the server). With maxBackgroundJobs not awaited
+// yet, it first waits for the oldest, and returns its error, if any, once
+// all have ended.
+func (s *applySession) inBackground(ctx context.Context, work func(context.Context) error) error {
 	if len(s.background) >= maxBackgroundJobs {
 		oldest := s.background[0]
 		<-oldest.finished
 		s.background = s.background[1:]
 		if oldest.err != nil {
 			s.await()
-			return oldest.failure()
+			return oldest.err
 		}
 	}
 	var before *backgroundJob
 	if n := len(s.background); n > 0 {
 		before = s.background[n-1]
 	}
-	job := &backgroundJob{what: what, finished: make(chan struct{})}
-	bg, stop := afterGrace(ctx, backgroundGrace)
+	job := &backgroundJob{finished: make(chan struct{})}
 	go func() {
 		defer close(job.finished)
-		defer stop()
 		if before != nil {
 			if <-before.finished; before.err != nil {
 				job.err = errAfterFailure
 				return
 			}
 		}
+		if ctx.Err() != nil {
+			job.err = context.Cause(ctx)
+			return
+		}
+		bg, stop := afterGrace(ctx, backgroundGrace)
+		defer stop()
 		job.err = work(bg)
 	}()
 	s.background = append(s.background, job)
@@ -149,7 +151,7 @@ func (s *applySession) await() error {
 	for _, job := range s.background {
 		<-job.finished
 		if first == nil && job.err != nil {
-			first = job.failure()
+			first = job.err
 		}
 	}
 	s.background = nil

@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
 )
 
@@ -29,11 +31,25 @@ func TestConsumeCanonicalCancelledWhileAStatementWaits(t *testing.T) {
 	s.tx(ins(itemsName, tv("10"), tv("4"), tv("ten")))
 	stream := s.done()
 
+	err := consumeCancelledWhileLocked(t, dsn, target, c, stream, "SELECT * FROM items WHERE id = 2 FOR UPDATE")
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, third, appliedPosition(t, c))
+	assert.Equal(t, [][]*string{{ptr("2"), ptr("2"), ptr("updated")}},
+		rawRows(t, target, "SELECT id::text, tx::text, note FROM items ORDER BY id"))
+}
+
+// consumeCancelledWhileLocked consumes stream, which holds the value "ten"
+// in its last, incomplete, transaction, and an update that waits for the
+// rows lock (a query) locks in another session: once the update waits,
+// and the stream is read up to "ten", it cancels the call, frees the rows
+// 300 ms later, then lets the rest of the stream be read, and returns
+// what the call returned.
+func consumeCancelledWhileLocked(t *testing.T, dsn string, target *pgx.Conn, c *siphon.Conn, stream []byte, lock string) error {
+	t.Helper()
 	locker := connectOrFail(t, dsn)
-	execSQL(t, locker, "BEGIN", "SELECT * FROM items WHERE id = 2 FOR UPDATE")
+	execSQL(t, locker, "BEGIN", lock)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	// The stream stops inside the fourth transaction's insert.
 	at := bytes.Index(stream, []byte(`"ten"`))
 	require.Positive(t, at)
 	open := make(chan struct{})
@@ -50,11 +66,7 @@ func TestConsumeCanonicalCancelledWhileAStatementWaits(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	execSQL(t, locker, "ROLLBACK")
 	close(open)
-
-	require.ErrorIs(t, <-done, context.Canceled)
-	assert.Equal(t, third, appliedPosition(t, c))
-	assert.Equal(t, [][]*string{{ptr("2"), ptr("2"), ptr("updated")}},
-		rawRows(t, target, "SELECT id::text, tx::text, note FROM items ORDER BY id"))
+	return <-done
 }
 
 // insertItems returns inserts into items of the ids from first to last,
@@ -84,17 +96,16 @@ func TestConsumeCanonicalFailureInAQueuedCopy(t *testing.T) {
 	s := newStream(t, canonical.KindIncremental, 0xa000000, "queued", tableOf(t, inspect(t, c), itemsName))
 	// Transactions of 800 inserts: batches of up to 2000 rows span them,
 	// and the bad row, in the fourth, is in the second batch.
-	var third canonical.Position
+	var ends []canonical.Position
 	for tx := 1; tx <= 9; tx++ {
-		pos := s.tx(insertItems(800*(tx-1)+1, 800*tx, tx, 2900)...)
-		if tx == 3 {
-			third = pos
-		}
+		ends = append(ends, s.tx(insertItems(800*(tx-1)+1, 800*tx, tx, 2900)...))
 	}
+	third, fourth := ends[2], ends[3]-0x38 // its commit's start, as errors give it
 	err := consume(t, c, s.done())
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no_bad")
 	assert.NotContains(t, err.Error(), "not run")
+	assert.Contains(t, err.Error(), "applied again a transaction at a time: the transaction committed at "+fourth.String())
 	assert.Equal(t, third, appliedPosition(t, c))
 	assert.Equal(t, [][]*string{{ptr("2400"), ptr("3")}},
 		rawRows(t, target, "SELECT count(*)::text, max(tx)::text FROM items"))
@@ -122,4 +133,30 @@ func TestConsumeCanonicalDamageReadAheadKeepsWhatCameBefore(t *testing.T) {
 	assert.Equal(t, eleventh, appliedPosition(t, c))
 	assert.Equal(t, [][]*string{{ptr("10100"), ptr("11")}},
 		rawRows(t, target, "SELECT count(*)::text, max(tx)::text FROM items"))
+}
+
+// TestConsumeCanonicalCancelledWithCopiesQueued cancels an apply while an
+// update sent ahead waits for a row another session holds and a COPY of
+// inserts is queued behind it: once the row is free, the queued COPY does
+// not start, and the unit's complete source transactions are applied again
+// and kept; the incomplete last one is not.
+func TestConsumeCanonicalCancelledWithCopiesQueued(t *testing.T) {
+	t.Parallel()
+	dsn, target, c := applyTarget(t, ledgerDDL[0], ledgerDDL[3])
+	execSQL(t, target, "INSERT INTO last VALUES (true, 0)")
+	schema := inspect(t, c)
+	s := newStream(t, canonical.KindIncremental, 0xc000000, "cancelled", tableOf(t, schema, itemsName), tableOf(t, schema, lastName))
+	s.tx(insertItems(101, 200, 1, 0)...)
+	s.tx(upd(lastName, nil, tv("t"), tv("2")))
+	s.tx(insertItems(201, 300, 3, 0)...)
+	fourth := s.tx(upd(lastName, nil, tv("t"), tv("4")))
+	s.tx(ins(itemsName, tv("1000"), tv("5"), tv("ten")))
+	stream := s.done()
+
+	err := consumeCancelledWhileLocked(t, dsn, target, c, stream, "SELECT * FROM last FOR UPDATE")
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, fourth, appliedPosition(t, c))
+	assert.Equal(t, [][]*string{{ptr("1"), ptr("100")}, {ptr("3"), ptr("100")}},
+		rawRows(t, target, "SELECT tx::text, count(*)::text FROM items GROUP BY tx ORDER BY tx"))
+	assert.Equal(t, [][]*string{{ptr("4")}}, rawRows(t, target, "SELECT tx::text FROM last"))
 }

@@ -255,8 +255,12 @@ func canonicalBody(r io.Reader) (io.Reader, error) {
 type records interface {
 	// Next returns the next record, io.EOF after the end record.
 	Next() (canonical.Record, error)
-	// Buffered reports whether the next record is at hand without waiting.
+	// Buffered reports whether more of the stream is at hand, be it only
+	// part of a record.
 	Buffered() bool
+	// Ahead reports whether the next record is worth decoding ahead: it is
+	// at hand whole, and Next has work to do on it.
+	Ahead() bool
 }
 
 // streamRecords are the records of a canonical stream, read with the
@@ -271,7 +275,7 @@ type streamRecords struct {
 
 func newStreamRecords(r io.Reader, rules streamRules) *streamRecords {
 	// The decoder reads through br itself (bufio reuses a large enough
-	// Reader), so what br holds tells what of the stream is in memory.
+	// Reader), so br.Buffered tells whether more of the stream is in memory.
 	br := bufio.NewReaderSize(r, 1<<20)
 	return &streamRecords{br: br, dec: rules.newDecoder(br), rules: rules}
 }
@@ -291,9 +295,11 @@ func (s *streamRecords) Next() (canonical.Record, error) {
 	return rec, nil
 }
 
-// Buffered reports whether a whole line of the stream is in memory: a line
+func (s *streamRecords) Buffered() bool { return s.br.Buffered() > 0 }
+
+// Ahead reports whether a whole line of the stream is in memory: a line
 // begun and not ended may wait for its writer.
-func (s *streamRecords) Buffered() bool {
+func (s *streamRecords) Ahead() bool {
 	n := s.br.Buffered()
 	if n == 0 {
 		return false
@@ -391,9 +397,14 @@ func (s *recordSource) fromAhead() (canonical.Record, error) {
 // when the server is. It reads nothing while records are replayed, nor
 // past the end record.
 func (s *recordSource) readAhead(done <-chan struct{}) {
+	if s.aheadAt > 0 { // what was consumed goes
+		n := copy(s.ahead, s.ahead[s.aheadAt:])
+		clear(s.ahead[n:])
+		s.ahead, s.aheadAt = s.ahead[:n], 0
+	}
 	size := 0
 	for s.pending == nil && len(s.replay) == 0 && s.aheadErr == nil && !s.ended &&
-		len(s.ahead)-s.aheadAt < maxAheadRecords && size < maxAheadBytes && s.from.Buffered() {
+		len(s.ahead) < maxAheadRecords && size < maxAheadBytes && s.from.Ahead() {
 		select {
 		case <-done:
 			return
@@ -431,7 +442,7 @@ func (s *recordSource) replayThenEnd(records []canonical.Record) {
 // unread puts rec back, to be returned by the next call of next.
 func (s *recordSource) unread(rec canonical.Record) { s.pending = &rec }
 
-// ready reports whether the next record is read already, or in memory.
+// ready reports whether the next record is (at least partly) read already.
 func (s *recordSource) ready() bool {
 	return s.pending != nil || len(s.replay) > 0 || s.aheadAt < len(s.ahead) || s.aheadErr != nil || s.from.Buffered()
 }

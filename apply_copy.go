@@ -147,7 +147,8 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 		return err
 	}
 	rd := &copyReader{table: table, first: rows}
-	if err := cc.s.copyInBackground(ctx, rd, b.copySQL(), fmt.Sprintf("copy %d inserts into %s", len(rows), b.source)); err != nil {
+	owner := stmtOwner{label: fmt.Sprintf("copy %d inserts into %s", len(rows), b.source), tx: cc.tx.pos}
+	if err := cc.s.copyInBackground(ctx, rd, b.copySQL(), owner); err != nil {
 		return err
 	}
 	// Let the COPY's goroutine send the COPY now: otherwise it waits,

@@ -29,12 +29,12 @@ type stmtQueue struct {
 type stmtOwner struct {
 	op    canonical.Op
 	table canonical.TableName
-	label string // for statements that are not a change
+	label string // for statements that are not a change's, and COPYs
 	// tx is the Position of the source transaction being read when the
-	// statement of a change was queued (a run's statement also holds
-	// changes of the transactions before it in the unit); zero for
-	// statements that are not a change's. Sent ahead, a statement may fail
-	// while a later transaction is read.
+	// statement of a change, or a COPY of inserts, was queued (a run's
+	// statement or COPY also holds changes of the transactions before it
+	// in the unit); zero for statements that are not a change's. Sent
+	// ahead, a statement may fail while a later transaction is read.
 	tx canonical.Position
 	// onRow, when set, receives the rows the statement returns (text).
 	onRow func(values [][]byte)

@@ -239,7 +239,8 @@ func (cc *changeConsumer) resetUnit() {
 // fail handles an error met while applying: the unit is rolled back (the
 // server did so already if the session broke), then its complete source
 // transactions are applied again, each committed on its own, up to the
-// first that fails.
+// first that fails, whose error then follows cause's (a batch's error may
+// name a later transaction than the one that holds the failing change).
 func (cc *changeConsumer) fail(ctx context.Context, cause error) error {
 	var failed *stmtError
 	switch {
@@ -266,7 +267,10 @@ func (cc *changeConsumer) fail(ctx context.Context, cause error) error {
 	}
 	cc.replaying = true
 	cc.src.replayThenEnd(again)
-	return withCleanup(cause, cc.consume(ctx))
+	if err := cc.consume(ctx); err != nil {
+		return fmt.Errorf("%w (applied again a transaction at a time: %v)", cause, err)
+	}
+	return cause
 }
 
 func (cc *changeConsumer) insert(ctx context.Context, rec canonical.Record) error {

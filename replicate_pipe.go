@@ -225,6 +225,10 @@ func (p *capturePipe) take() bool {
 	return true
 }
 
+// Ahead reports false: the capture decodes its records already, and bounds
+// how many are in flight; the apply gains nothing by taking them early.
+func (p *capturePipe) Ahead() bool { return false }
+
 // Buffered reports whether captured records wait.
 func (p *capturePipe) Buffered() bool {
 	if p.read < len(p.batch) {
