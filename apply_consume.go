@@ -48,7 +48,8 @@ const (
 //     target at the last complete transaction before it, and returns the
 //     error; consuming the stream again completes it. Statements the
 //     session runs while the stream is read on get 5 seconds after ctx is
-//     cancelled to end. A crash, or a statement still running then, loses
+//     cancelled to end; those queued behind them then are not sent. A
+//     crash, or a statement still running then, loses
 //     the target transaction in progress (up to a few source transactions,
 //     see below): the target then stands at the boundary it committed
 //     before, with that Position, and consuming again applies the rest.
@@ -76,7 +77,8 @@ const (
 // applies a group of source transactions (up to 10000 row changes, and
 // only while the rest of the stream is already read, so a live stream is
 // not held back) and records the last one's Position. Statements are sent
-// in batches, prepared once per table and shape; inserts into one table in
+// in batches, prepared once per table and shape, up to three batches ahead
+// of the server while the stream is decoded on; inserts into one table in
 // a row, across source transactions, become multi-row INSERT ... ON
 // CONFLICT statements or, from 64 rows on, a COPY (into a table with a key
 // once a lookup showed that none of the keys is there yet); updates, or
