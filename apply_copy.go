@@ -151,9 +151,10 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 	if err := cc.s.copyInBackground(ctx, rd, b.copySQL(), owner); err != nil {
 		return err
 	}
-	// Let the COPY's goroutine send the COPY now: otherwise it waits,
-	// runnable, while this one decodes the next batch (a core to run it on
-	// is seldom free on a small machine), and the server idles meanwhile.
+	// Let the COPY's goroutine send the COPY now, when nothing runs before
+	// it: otherwise it waits, runnable, while this one decodes the next
+	// batch (a core to run it on is seldom free on a small machine), and
+	// the server idles meanwhile.
 	runtime.Gosched()
 	return nil
 }
