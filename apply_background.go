@@ -10,7 +10,9 @@ import (
 // while the stream is read and decoded on. Jobs run one after another in
 // the order they were started, each once the one before has ended; a job
 // after one that failed is skipped. Every use of the session outside them
-// waits for them all first (await).
+// waits for them all first (await). The last may be a COPY left open for
+// the batches that follow (copyStream): starting other work, or waiting
+// for it, ends that COPY first.
 const (
 	// maxBackgroundJobs bounds the jobs started and not awaited yet: one
 	// running and those queued behind it, so that the server goes from one
@@ -35,22 +37,6 @@ type backgroundJob struct {
 // before it instead.
 var errAfterFailure = errors.New("siphon: not run: the work before it failed")
 
-// copyInBackground starts a COPY from rd, which must read nothing but
-// memory it owns, in the background: the stream is read on meanwhile. Its
-// error is owner's, as a queued statement's is.
-func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql string, owner stmtOwner) error {
-	return s.inBackground(ctx, func(ctx context.Context) error {
-		err := copyFromGuarded(ctx, s.pg, rd, sql)
-		if rd.err != nil {
-			return rd.err
-		}
-		if err != nil {
-			return &stmtError{owner: owner, err: err}
-		}
-		return nil
-	})
-}
-
 // sendAhead sends the queued statements in the background, so that the
 // server runs them while the stream is read on; unless, without send,
 // other work runs there still: then they stay queued and go with the next
@@ -74,6 +60,7 @@ func (s *applySession) sendAhead(ctx context.Context, send bool) error {
 // yet, it first waits for the oldest, and returns its error, if any, once
 // all have ended.
 func (s *applySession) inBackground(ctx context.Context, work func(context.Context) error) error {
+	s.endCopy()
 	if len(s.background) >= maxBackgroundJobs {
 		oldest := s.background[0]
 		<-oldest.finished
@@ -136,17 +123,20 @@ func (s *applySession) busy() bool {
 }
 
 // backgroundDone returns a channel closed once the work started in the
-// background has ended (closed already when there is none).
+// background has ended (closed already when there is none). It ends the
+// COPY left open, if any.
 func (s *applySession) backgroundDone() <-chan struct{} {
+	s.endCopy()
 	if n := len(s.background); n > 0 {
 		return s.background[n-1].finished
 	}
 	return closedChan()
 }
 
-// await waits for the work started in the background, if any, and returns
-// the first error of it.
+// await ends the COPY left open, if any, waits for the work started in
+// the background, and returns the first error of it.
 func (s *applySession) await() error {
+	s.endCopy()
 	var first error
 	for _, job := range s.background {
 		<-job.finished

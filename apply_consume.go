@@ -81,7 +81,9 @@ const (
 // of the server while the stream is decoded on; inserts into one table in
 // a row, across source transactions, become multi-row INSERT ... ON
 // CONFLICT statements or, from 64 rows on, a COPY (into a table with a key
-// once a lookup showed that none of the keys is there yet); updates, or
+// once a lookup showed that none of the keys is there yet), kept open for
+// the next batches into the same table while no other statement must run
+// before them; updates, or
 // deletes, of one plain table's rows by key in a row become statements of
 // many rows (UPDATE ... FROM (VALUES ...), DELETE ... USING), each row
 // changed once a statement (a row updated again starts the next). A
@@ -487,6 +489,9 @@ type applySession struct {
 	// background holds the work started in the background on the session
 	// and not awaited yet, in the order it runs (see inBackground).
 	background []*backgroundJob
+	// copying is the COPY of inserts left open, the last of background,
+	// if any (see copyStream).
+	copying *copyStream
 	// committed, when set, learns the end (Position and commit time) of
 	// the last source transaction each target transaction committed, and
 	// how many source transactions and changes it took there.

@@ -127,7 +127,8 @@ func (cc *changeConsumer) copyRun(ctx context.Context) error {
 // copyInserts applies a batch of inserts: with COPY straight into the
 // table when it is keyless, or when none of the rows' keys is in the table
 // yet (nor twice among them); else as upserts. The COPY runs in the
-// background. A row that another session inserts between the check and
+// background, and stays open for the next batch into the table (see
+// copyStream). A row that another session inserts between the check and
 // the COPY fails the COPY: the unit is then applied again, and the
 // transaction with that insert fails; consuming the stream again applies
 // it with an upsert.
@@ -141,18 +142,11 @@ func (cc *changeConsumer) copyInserts(ctx context.Context, b *binding, table *ca
 			return cc.queueInserts(ctx, b, rows)
 		}
 	}
-	// What is queued goes first, and the rows are in memory: both run in
-	// the background, after what runs there, while the stream is read on.
-	if err := cc.s.sendAhead(ctx, true); err != nil {
+	if err := cc.s.streamCopy(ctx, b, table, rows, cc.tx.pos); err != nil {
 		return err
 	}
-	rd := &copyReader{table: table, first: rows}
-	owner := stmtOwner{label: fmt.Sprintf("copy %d inserts into %s", len(rows), b.source), tx: cc.tx.pos}
-	if err := cc.s.copyInBackground(ctx, rd, b.copySQL(), owner); err != nil {
-		return err
-	}
-	// Let the COPY's goroutine send the COPY now, when nothing runs before
-	// it: otherwise it waits, runnable, while this one decodes the next
+	// Let the COPY's goroutine send the rows now, when nothing runs before
+	// them: otherwise it waits, runnable, while this one decodes the next
 	// batch (a core to run it on is seldom free on a small machine), and
 	// the server idles meanwhile.
 	runtime.Gosched()
@@ -370,11 +364,15 @@ type copyReader struct {
 	table  *canonical.Table
 	insert bool // inserts, not snapshot rows
 	first  []canonical.Row
-	buf    []byte
-	off    int
-	count  int // rows read
-	done   bool
-	err    error // the stream's error, which aborts the COPY
+	// feed, when set, gives the batches of rows that follow first, until
+	// closed; tx is the source transaction of the batch being read.
+	feed  <-chan copyBatch
+	tx    canonical.Position
+	buf   []byte
+	off   int
+	count int // rows read
+	done  bool
+	err   error // the stream's error, which aborts the COPY
 }
 
 func (r *copyReader) Read(p []byte) (int, error) {
@@ -382,9 +380,8 @@ func (r *copyReader) Read(p []byte) (int, error) {
 		r.buf, r.off = append(r.buf[:0], r.buf[r.off:]...), 0
 	}
 	for len(r.buf) < len(p) && !r.done && r.err == nil {
-		row, ok := r.nextRow()
+		row, ok := r.nextRow(len(r.buf) == 0)
 		if !ok {
-			r.done = true
 			break
 		}
 		r.buf, r.err = appendCopyRow(r.buf, row)
@@ -400,7 +397,26 @@ func (r *copyReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (r *copyReader) nextRow() (canonical.Row, bool) {
+// nextRow returns the next row, if any, and sets done once there are no
+// more. Without wait, it returns none rather than wait for the feed.
+func (r *copyReader) nextRow(wait bool) (canonical.Row, bool) {
+	for len(r.first) == 0 && r.feed != nil {
+		var batch copyBatch
+		var more bool
+		if wait {
+			batch, more = <-r.feed
+		} else {
+			select {
+			case batch, more = <-r.feed:
+			default:
+				return nil, false
+			}
+		}
+		if !more {
+			r.feed = nil
+		}
+		r.first, r.tx = batch.rows, max(r.tx, batch.tx)
+	}
 	if len(r.first) > 0 {
 		row := r.first[0]
 		r.first = r.first[1:]
@@ -408,6 +424,7 @@ func (r *copyReader) nextRow() (canonical.Row, bool) {
 		return row, true
 	}
 	if r.src == nil {
+		r.done = true
 		return nil, false
 	}
 	rec, err := r.src.next()
@@ -428,6 +445,7 @@ func (r *copyReader) nextRow() (canonical.Row, bool) {
 	}
 	if row == nil {
 		r.src.unread(rec)
+		r.done = true
 		return nil, false
 	}
 	r.count++
