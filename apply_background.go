@@ -122,6 +122,22 @@ func (s *applySession) busy() bool {
 	}
 }
 
+// runsAlone reports whether job is the first of the work started in the
+// background that has not ended.
+func (s *applySession) runsAlone(job *backgroundJob) bool {
+	for _, before := range s.background {
+		if before == job {
+			return true
+		}
+		select {
+		case <-before.finished:
+		default:
+			return false
+		}
+	}
+	return false
+}
+
 // backgroundDone returns a channel closed once the work started in the
 // background has ended (closed already when there is none). It ends the
 // COPY left open, if any.

@@ -69,6 +69,16 @@ func consumeCancelledWhileLocked(t *testing.T, dsn string, target *pgx.Conn, c *
 	return <-done
 }
 
+// itemsAndLastStream makes a target holding the tables items and last (one
+// row, its tx 0), and starts a stream of both tables from start.
+func itemsAndLastStream(t *testing.T, start canonical.Position, slot string) (string, *pgx.Conn, *siphon.Conn, *streamBuilder) {
+	t.Helper()
+	dsn, target, c := applyTarget(t, ledgerDDL[0], ledgerDDL[3])
+	execSQL(t, target, "INSERT INTO last VALUES (true, 0)")
+	schema := inspect(t, c)
+	return dsn, target, c, newStream(t, canonical.KindIncremental, start, slot, tableOf(t, schema, itemsName), tableOf(t, schema, lastName))
+}
+
 // insertItems returns inserts into items of the ids from first to last,
 // their tx column tx, and note "bad" for the id bad.
 func insertItems(first, last, tx, bad int) []canonical.Change {
@@ -142,10 +152,7 @@ func TestConsumeCanonicalDamageReadAheadKeepsWhatCameBefore(t *testing.T) {
 // and kept; the incomplete last one is not.
 func TestConsumeCanonicalCancelledWithCopiesQueued(t *testing.T) {
 	t.Parallel()
-	dsn, target, c := applyTarget(t, ledgerDDL[0], ledgerDDL[3])
-	execSQL(t, target, "INSERT INTO last VALUES (true, 0)")
-	schema := inspect(t, c)
-	s := newStream(t, canonical.KindIncremental, 0xc000000, "cancelled", tableOf(t, schema, itemsName), tableOf(t, schema, lastName))
+	dsn, target, c, s := itemsAndLastStream(t, 0xc000000, "cancelled")
 	s.tx(insertItems(101, 200, 1, 0)...)
 	s.tx(upd(lastName, nil, tv("t"), tv("2")))
 	s.tx(insertItems(201, 300, 3, 0)...)

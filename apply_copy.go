@@ -365,8 +365,11 @@ type copyReader struct {
 	insert bool // inserts, not snapshot rows
 	first  []canonical.Row
 	// feed, when set, gives the batches of rows that follow first, until
-	// closed; tx is the source transaction of the batch being read.
+	// closed, or until fed is done: then the COPY fails (its transaction
+	// is rolled back, and the session stays usable). tx is the source
+	// transaction of the last batch read.
 	feed  <-chan copyBatch
+	fed   context.Context
 	tx    canonical.Position
 	buf   []byte
 	off   int
@@ -404,7 +407,12 @@ func (r *copyReader) nextRow(wait bool) (canonical.Row, bool) {
 		var batch copyBatch
 		var more bool
 		if wait {
-			batch, more = <-r.feed
+			select {
+			case batch, more = <-r.feed:
+			case <-r.fed.Done():
+				r.err = fmt.Errorf("siphon: the apply stopped in a copy: %w", context.Cause(r.fed))
+				return nil, false
+			}
 		} else {
 			select {
 			case batch, more = <-r.feed:

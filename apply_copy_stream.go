@@ -25,17 +25,21 @@ type copyBatch struct {
 	tx   canonical.Position
 }
 
-// copyFeedDepth is how many batches wait in a copyStream's feed: with the
-// one the COPY encodes and the one being decoded, as many as
-// maxBackgroundJobs batches in flight.
+// copyFeedDepth is how many batches wait in a copyStream's feed. Batches
+// go into it only while its COPY runs alone (the work before it has
+// ended): then, with the one the COPY sends, maxBackgroundJobs batches are
+// in flight, as with as many jobs. Once the COPY is ended, the jobs queued
+// behind it add at most maxBackgroundJobs-1 batches more.
 const copyFeedDepth = maxBackgroundJobs - 1
 
 // streamCopy copies rows into b's table in the background: into the COPY
-// left open for that table, if any, and when no statement waits in the
-// queue (it must go first); else in a COPY opened for them, after what is
-// queued, and left open for the batches that follow.
+// left open for that table, if any, when it runs alone and no statement
+// waits in the queue (it must go first); else in a COPY opened for them,
+// after what is queued, and left open for the batches that follow. Once
+// ctx is done, the COPY left open fails rather than wait for more rows
+// (see copyReader.nextRow): it ends at once, and the session stays usable.
 func (s *applySession) streamCopy(ctx context.Context, b *binding, table *canonical.Table, rows []canonical.Row, tx canonical.Position) error {
-	if cs := s.copying; cs != nil && cs.b == b && len(s.q.owners) == 0 {
+	if cs := s.copying; cs != nil && cs.b == b && len(s.q.owners) == 0 && s.runsAlone(cs.job) {
 		select {
 		case cs.feed <- copyBatch{rows: rows, tx: tx}:
 			return nil
@@ -51,7 +55,7 @@ func (s *applySession) streamCopy(ctx context.Context, b *binding, table *canoni
 		return err
 	}
 	feed := make(chan copyBatch, copyFeedDepth)
-	rd := &copyReader{table: table, first: rows, tx: tx, feed: feed}
+	rd := &copyReader{table: table, first: rows, tx: tx, feed: feed, fed: ctx}
 	owner := stmtOwner{op: canonical.OpInsert, table: b.source, tx: tx}
 	if err := s.copyInBackground(ctx, rd, b.copySQL(), owner); err != nil {
 		return err

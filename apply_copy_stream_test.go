@@ -1,8 +1,11 @@
 package siphon_test
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -83,4 +86,42 @@ func TestConsumeCanonicalCopyStreamsEndAndResume(t *testing.T) {
 	assert.Equal(t, [][]*string{{ptr("3"), ptr("100")}, {ptr("6"), ptr("100")}},
 		rawRows(t, target, "SELECT tx::text, count(*)::text FROM events GROUP BY tx ORDER BY tx"))
 	assert.Equal(t, [][]*string{{ptr("8")}}, rawRows(t, target, "SELECT tx::text FROM last"))
+}
+
+// TestConsumeCanonicalCancelledWhileTheStreamStallsInACopy cancels an apply
+// whose stream stalls inside a transaction whose first 4000 inserts went
+// into a COPY left open, and lets the stream go on only after longer than
+// work in the background outlives a cancel (5 s): the COPY fails as soon
+// as ctx is done rather than wait for rows, so the session stays usable,
+// and the complete transaction before is applied again and kept.
+func TestConsumeCanonicalCancelledWhileTheStreamStallsInACopy(t *testing.T) {
+	t.Parallel()
+	_, target, c, s := itemsAndLastStream(t, 0xf000000, "stalled")
+	first := s.tx(upd(lastName, nil, tv("t"), tv("1")))
+	s.tx(notedItems(1, 4100, 2, nil)...)
+	stream := s.done()
+	at := bytes.Index(stream, []byte(`"n4100"`))
+	require.Positive(t, at)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stalled, resume := make(chan struct{}), make(chan struct{})
+	body := &pausingReader{r: bytes.NewReader(stream), at: at, pause: func() { close(stalled); <-resume }}
+	done := make(chan error, 1)
+	go func() { done <- c.ConsumeCanonical(ctx, body) }()
+	<-stalled
+	waitFor(t, "the COPY waits for rows", func() bool {
+		var waits bool
+		require.NoError(t, target.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'active' AND wait_event = 'ClientRead' AND query LIKE 'COPY%')`).Scan(&waits))
+		return waits
+	})
+	cancel()
+	time.Sleep(6 * time.Second)
+	close(resume)
+
+	require.ErrorIs(t, <-done, context.Canceled)
+	assert.Equal(t, first, appliedPosition(t, c))
+	assert.Equal(t, [][]*string{{ptr("0")}}, rawRows(t, target, "SELECT count(*)::text FROM items"))
+	assert.Equal(t, [][]*string{{ptr("1")}}, rawRows(t, target, "SELECT tx::text FROM last"))
 }

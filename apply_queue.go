@@ -34,7 +34,10 @@ type stmtOwner struct {
 	// statement of a change, or a COPY of inserts, was queued (a run's
 	// statement or COPY also holds changes of the transactions before it
 	// in the unit); zero for statements that are not a change's. Sent
-	// ahead, a statement may fail while a later transaction is read.
+	// ahead, a statement may fail while a later transaction is read. A
+	// COPY left open across batches (copyStream) names the transaction of
+	// the last batch it read, up to two batches past the failing row: the
+	// unit applied again a transaction at a time names the exact one.
 	tx canonical.Position
 	// onRow, when set, receives the rows the statement returns (text).
 	onRow func(values [][]byte)
