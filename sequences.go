@@ -125,17 +125,27 @@ func readSequenceStates(ctx context.Context, q sequenceBatch, seqs []canonical.S
 	}
 	b := &pgx.Batch{}
 	b.Queue("SELECT current_user::text")
-	for _, s := range seqs {
+	queries := make([]string, len(seqs))
+	for i, s := range seqs {
 		// Reading the sequence relation gives last_value and is_called even
 		// when nextval was never called (pg_sequences shows NULL then).
-		b.Queue(`SELECT s.last_value, s.is_called, q.seqincrement, pg_catalog.has_sequence_privilege(q.seqrelid, 'UPDATE')
+		queries[i] = `SELECT s.last_value, s.is_called, q.seqincrement, pg_catalog.has_sequence_privilege(q.seqrelid, 'UPDATE')
 			FROM ` + sqltext.Name(s.TableName().Schema, s.TableName().Name) + ` s, pg_sequence q
-			WHERE q.seqrelid = ` + sqltext.Literal(sqltext.Name(s.TableName().Schema, s.TableName().Name)) + `::regclass`)
+			WHERE q.seqrelid = ` + sqltext.Literal(sqltext.Name(s.TableName().Schema, s.TableName().Name)) + `::regclass`
+		b.Queue(queries[i])
 	}
 	br := q.SendBatch(ctx, b)
 	defer br.Close()
 	var role string
 	if err := br.QueryRow().Scan(&role); err != nil {
+		// pgx prepares the batch's queries before it runs any: a sequence
+		// dropped since the list fails that step, which names the query.
+		var prepare pgx.ErrPreprocessingBatch
+		if errors.As(err, &prepare) && pgerr.Is(err, pgerrcode.UndefinedTable) {
+			if i := slices.Index(queries, prepare.SQL()); i >= 0 {
+				return nil, &missingSequenceError{index: i}
+			}
+		}
 		return nil, fmt.Errorf("read sequences: %w", err)
 	}
 	for i, s := range seqs {
