@@ -365,17 +365,17 @@ type copyReader struct {
 	insert bool // inserts, not snapshot rows
 	first  []canonical.Row
 	// feed, when set, gives the batches of rows that follow first, until
-	// closed, or until fed is done: then the COPY fails (its transaction
-	// is rolled back, and the session stays usable). tx is the source
-	// transaction of the last batch read.
-	feed  <-chan copyBatch
-	fed   context.Context
-	tx    canonical.Position
-	buf   []byte
-	off   int
-	count int // rows read
-	done  bool
-	err   error // the stream's error, which aborts the COPY
+	// closed, or until feedUntil is done: then the COPY fails (its
+	// transaction is rolled back, and the session stays usable). tx is the
+	// source transaction of the last batch read.
+	feed      <-chan copyBatch
+	feedUntil context.Context
+	tx        canonical.Position
+	buf       []byte
+	off       int
+	count     int // rows read
+	done      bool
+	err       error // the stream's error, which aborts the COPY
 }
 
 func (r *copyReader) Read(p []byte) (int, error) {
@@ -409,8 +409,8 @@ func (r *copyReader) nextRow(wait bool) (canonical.Row, bool) {
 		if wait {
 			select {
 			case batch, more = <-r.feed:
-			case <-r.fed.Done():
-				r.err = fmt.Errorf("siphon: the apply stopped in a copy: %w", context.Cause(r.fed))
+			case <-r.feedUntil.Done():
+				r.err = fmt.Errorf("siphon: the apply stopped in a copy: %w", context.Cause(r.feedUntil))
 				return nil, false
 			}
 		} else {

@@ -55,29 +55,28 @@ func (s *applySession) streamCopy(ctx context.Context, b *binding, table *canoni
 		return err
 	}
 	feed := make(chan copyBatch, copyFeedDepth)
-	rd := &copyReader{table: table, first: rows, tx: tx, feed: feed, fed: ctx}
-	owner := stmtOwner{op: canonical.OpInsert, table: b.source, tx: tx}
-	if err := s.copyInBackground(ctx, rd, b.copySQL(), owner); err != nil {
+	rd := &copyReader{table: table, first: rows, tx: tx, feed: feed, feedUntil: ctx}
+	if err := s.copyInBackground(ctx, rd, b); err != nil {
 		return err
 	}
 	s.copying = &copyStream{b: b, feed: feed, job: s.background[len(s.background)-1]}
 	return nil
 }
 
-// copyInBackground starts a COPY from rd, which must read nothing but
-// memory it owns, in the background: the stream is read on meanwhile. Its
-// error is owner's, as a queued statement's is, with the rows it read and
-// the source transaction of the last batch it read.
-func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, sql string, owner stmtOwner) error {
+// copyInBackground starts a COPY from rd into b's table, in the
+// background: the stream is read on meanwhile. rd must read nothing but
+// memory it owns. Its error is a stmtError, as a queued statement's is,
+// naming the rows it read and the source transaction of the last batch it
+// read.
+func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, b *binding) error {
 	return s.inBackground(ctx, func(ctx context.Context) error {
-		err := copyFromGuarded(ctx, s.pg, rd, sql)
+		err := copyFromGuarded(ctx, s.pg, rd, b.copySQL())
 		if rd.err != nil {
 			return rd.err
 		}
 		if err != nil {
-			owner.label = fmt.Sprintf("copy %d inserts into %s", rd.count, owner.table)
-			owner.tx = rd.tx
-			return &stmtError{owner: owner, err: err}
+			return &stmtError{err: err, owner: stmtOwner{op: canonical.OpInsert, table: b.source, tx: rd.tx,
+				label: fmt.Sprintf("copy %d inserts into %s", rd.count, b.source)}}
 		}
 		return nil
 	})
