@@ -88,11 +88,12 @@ func (s *applySession) copyRows(ctx context.Context, src *recordSource, rec cano
 	if err != nil {
 		return err
 	}
+	sql := s.copyQuery(b)
 	if err := s.flush(ctx); err != nil {
 		return err
 	}
 	rd := &copyReader{src: src, table: rec.Table, first: []canonical.Row{rec.Row}}
-	err = s.copyFrom(ctx, rd, b.copySQL())
+	err = s.copyFrom(ctx, rd, sql)
 	switch {
 	case rd.err != nil:
 		return rd.err
@@ -108,11 +109,12 @@ func (s *applySession) copyRows(ctx context.Context, src *recordSource, rec cano
 // into the same table that follow it in the stream.
 func (cc *changeConsumer) copyRun(ctx context.Context) error {
 	s, b := cc.s, cc.run.b
+	sql := s.copyQuery(b)
 	if err := cc.flushQueue(ctx); err != nil {
 		return err
 	}
 	rd := &copyReader{src: cc.src, table: cc.run.table, insert: true, first: cc.run.rows}
-	err := s.copyFrom(ctx, rd, b.copySQL())
+	err := s.copyFrom(ctx, rd, sql)
 	cc.unit.changes += rd.count - len(cc.run.rows)
 	cc.run = insertRun{rows: cc.run.rows[:0]}
 	switch {
@@ -338,6 +340,17 @@ func arrayLiteral(rows []canonical.Row, col int) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// copyQuery returns b's COPY (copySQL) to run once what is queued is sent;
+// when that is a unit's BEGIN alone (see stmtQueue.takeSimple), it goes
+// before the COPY in the same query instead, which saves the server a
+// round trip's wait.
+func (s *applySession) copyQuery(b *binding) string {
+	if before := s.q.takeSimple(); before != "" {
+		return before + "; " + b.copySQL()
+	}
+	return b.copySQL()
 }
 
 // copySQL is the COPY FROM STDIN (text format) of every bound column into

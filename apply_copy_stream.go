@@ -51,26 +51,27 @@ func (s *applySession) streamCopy(ctx context.Context, b *binding, table *canoni
 	}
 	// What is queued goes first: both run in the background, after what
 	// runs there, while the stream is read on.
+	sql := s.copyQuery(b)
 	if err := s.sendAhead(ctx, true); err != nil {
 		return err
 	}
 	feed := make(chan copyBatch, copyFeedDepth)
 	rd := &copyReader{table: table, first: rows, tx: tx, feed: feed, feedUntil: ctx}
-	if err := s.copyInBackground(ctx, rd, b); err != nil {
+	if err := s.copyInBackground(ctx, sql, rd, b); err != nil {
 		return err
 	}
 	s.copying = &copyStream{b: b, feed: feed, job: s.background[len(s.background)-1]}
 	return nil
 }
 
-// copyInBackground starts a COPY from rd into b's table, in the
-// background: the stream is read on meanwhile. rd must read nothing but
-// memory it owns. Its error is a stmtError, as a queued statement's is,
-// naming the rows it read and the source transaction of the last batch it
-// read.
-func (s *applySession) copyInBackground(ctx context.Context, rd *copyReader, b *binding) error {
+// copyInBackground starts sql, a COPY from rd into b's table (see
+// copyQuery), in the background: the stream is read on meanwhile. rd must
+// read nothing but memory it owns. Its error is a stmtError, as a queued
+// statement's is, naming the rows it read and the source transaction of
+// the last batch it read.
+func (s *applySession) copyInBackground(ctx context.Context, sql string, rd *copyReader, b *binding) error {
 	return s.inBackground(ctx, func(ctx context.Context) error {
-		err := copyFromGuarded(ctx, s.pg, rd, b.copySQL())
+		err := copyFromGuarded(ctx, s.pg, rd, sql)
 		if rd.err != nil {
 			return rd.err
 		}

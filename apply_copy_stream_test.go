@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -124,4 +126,80 @@ func TestConsumeCanonicalCancelledWhileTheStreamStallsInACopy(t *testing.T) {
 	assert.Equal(t, first, appliedPosition(t, c))
 	assert.Equal(t, [][]*string{{ptr("0")}}, rawRows(t, target, "SELECT count(*)::text FROM items"))
 	assert.Equal(t, [][]*string{{ptr("1")}}, rawRows(t, target, "SELECT tx::text FROM last"))
+}
+
+// TestConsumeCanonicalUnitOpenedByACopyIsAtomic fails a source transaction,
+// or a snapshot, whose first statement on the target is a COPY (which
+// carries the unit's BEGIN in its query) and whose last is refused by a
+// CHECK constraint the target has: the rows copied first must be rolled
+// back with it, for a table with a key (a COPY in the background, once a
+// unit before has copied the keys below), a keyless one (a COPY from the
+// stream) and a snapshot.
+func TestConsumeCanonicalUnitOpenedByACopyIsAtomic(t *testing.T) {
+	t.Parallel()
+	events := func(n int) []canonical.Change {
+		var changes []canonical.Change
+		for e := range n {
+			changes = append(changes, ins(eventsName, tv("1"), tv(fmt.Sprintf(`{"e":%d}`, e)), null))
+		}
+		return changes
+	}
+	refused := upd(lastName, nil, tv("t"), tv("999"))
+	for _, tc := range []struct {
+		name string
+		// stream writes the stream; the apply sees its end only from
+		// pauseAt on, if set, so that the unit before ends there.
+		stream  func(s *streamBuilder) (stream []byte, pauseAt string, kept canonical.Position)
+		items   string // the rows kept
+		snapped bool
+	}{
+		{name: "keyed", items: "500", stream: func(s *streamBuilder) ([]byte, string, canonical.Position) {
+			kept := s.tx(notedItems(1, 500, 1, nil)...)
+			s.tx(append(notedItems(501, 1000, 2, nil), refused)...)
+			return s.done(), `"n501"`, kept
+		}},
+		{name: "keyless", items: "0", stream: func(s *streamBuilder) ([]byte, string, canonical.Position) {
+			s.tx(append(events(500), refused)...)
+			return s.done(), "", 0
+		}},
+		{name: "snapshot", items: "0", snapped: true, stream: func(s *streamBuilder) ([]byte, string, canonical.Position) {
+			for _, ch := range notedItems(1, 500, 1, nil) {
+				s.row(itemsName, ch.New...)
+			}
+			for _, ch := range events(500) {
+				s.row(eventsName, ch.New...)
+			}
+			s.row(lastName, tv("t"), tv("999"))
+			return s.bytes(s.pos), "", 0
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, target, c := applyTarget(t, ledgerDDL...)
+			execSQL(t, target, "ALTER TABLE last ADD CONSTRAINT no_999 CHECK (tx <> 999)")
+			kind := canonical.KindSnapshot
+			if !tc.snapped {
+				kind = canonical.KindIncremental
+				execSQL(t, target, "INSERT INTO last VALUES (true, 0)")
+			}
+			schema := inspect(t, c)
+			s := newStream(t, kind, 0x1000000, "atomic",
+				tableOf(t, schema, itemsName), tableOf(t, schema, eventsName), tableOf(t, schema, lastName))
+			stream, pauseAt, kept := tc.stream(s)
+			body := io.Reader(bytes.NewReader(stream))
+			if pauseAt != "" { // at the line of the begin before it
+				at := bytes.Index(stream, []byte(pauseAt))
+				at = bytes.LastIndexByte(stream[:at], '\n')
+				at = bytes.LastIndexByte(stream[:at], '\n') + 1
+				body = &pausingReader{r: body, at: at, pause: func() {}}
+			}
+
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, c.ConsumeCanonical(context.Background(), body), &pgErr)
+			assert.Equal(t, "no_999", pgErr.ConstraintName)
+			assert.Equal(t, kept, appliedPosition(t, c))
+			assert.Equal(t, [][]*string{{ptr(tc.items), ptr("0")}},
+				rawRows(t, target, "SELECT (SELECT count(*) FROM items)::text, (SELECT count(*) FROM events)::text"))
+		})
+	}
 }
