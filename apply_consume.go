@@ -74,7 +74,7 @@ const (
 // Position at its end.
 //
 // Change streams are applied in few round trips. One target transaction
-// applies a group of source transactions (up to 10000 row changes, and
+// applies a group of source transactions (up to 50000 row changes, and
 // only while the rest of the stream is already read, so a live stream is
 // not held back) and records the last one's Position. Statements are sent
 // in batches, prepared once per table and shape, up to three batches ahead

@@ -48,7 +48,7 @@ type changeConsumer struct {
 // tape, or when the rest of the stream is not read yet. A transaction too
 // large for the tape (maxTapeBytes) ends its unit.
 const (
-	maxUnitChanges = 10000
+	maxUnitChanges = 50000
 	maxTapeBytes   = 16 << 20
 )
 
