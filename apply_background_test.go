@@ -122,27 +122,30 @@ func TestConsumeCanonicalFailureInAQueuedCopy(t *testing.T) {
 }
 
 // TestConsumeCanonicalDamageReadAheadKeepsWhatCameBefore cuts a stream
-// inside a transaction that follows a full unit (10,000 inserts, whose
-// batches are still being copied when it commits, so the apply decodes the
-// stream ahead meanwhile): the damage is reported once the transactions
-// before it are applied, and they are kept.
+// inside a transaction that follows full units (transactions of 1000
+// inserts, as many as a unit holds at most, whose batches are still being
+// copied when it commits, so the apply decodes the stream ahead
+// meanwhile): the damage is reported once the transactions before it are
+// applied, and they are kept. The first unit was committed whole, as one
+// target transaction, before the damage was read.
 func TestConsumeCanonicalDamageReadAheadKeepsWhatCameBefore(t *testing.T) {
 	t.Parallel()
 	_, target, c := applyTarget(t, ledgerDDL[0])
 	s := newStream(t, canonical.KindIncremental, 0xb000000, "ahead", tableOf(t, inspect(t, c), itemsName))
-	for tx := 1; tx <= 10; tx++ {
+	full := siphon.MaxUnitChangesForTest / 1000
+	for tx := 1; tx <= full; tx++ {
 		s.tx(insertItems(1000*(tx-1)+1, 1000*tx, tx, 0)...)
 	}
-	eleventh := s.tx(insertItems(10001, 10100, 11, 0)...)
-	s.tx(insertItems(10101, 10200, 12, 0)...)
+	last := s.tx(insertItems(1000*full+1, 1000*full+100, full+1, 0)...)
+	s.tx(insertItems(1000*full+101, 1000*full+200, full+2, 0)...)
 	stream := s.done()
-	cut := bytes.Index(stream, []byte(`"10150"`))
+	cut := bytes.Index(stream, []byte(fmt.Sprintf(`"%d"`, 1000*full+150)))
 	require.Positive(t, cut)
 
 	require.ErrorIs(t, consume(t, c, stream[:cut]), canonical.ErrTruncated)
-	assert.Equal(t, eleventh, appliedPosition(t, c))
-	assert.Equal(t, [][]*string{{ptr("10100"), ptr("11")}},
-		rawRows(t, target, "SELECT count(*)::text, max(tx)::text FROM items"))
+	assert.Equal(t, last, appliedPosition(t, c))
+	assert.Equal(t, [][]*string{{ptr(fmt.Sprint(1000*full + 100)), ptr(fmt.Sprint(full + 1)), ptr("1")}},
+		rawRows(t, target, "SELECT count(*)::text, max(tx)::text, (SELECT count(DISTINCT xmin::text) FROM items WHERE tx <= 2)::text FROM items"))
 }
 
 // TestConsumeCanonicalCancelledWithCopiesQueued cancels an apply while an

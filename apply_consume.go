@@ -588,9 +588,9 @@ func (s *applySession) setupRole(ctx context.Context) error {
 // deferrable foreign keys are checked at its commit, as the source's were
 // at the end of its transactions.
 func (s *applySession) begin() {
-	s.q.addSQL("BEGIN", "begin")
+	s.q.addOpening("BEGIN", "begin")
 	if s.role.guard {
-		s.q.addSQL("SET CONSTRAINTS ALL DEFERRED", "defer deferrable foreign keys")
+		s.q.addOpening("SET CONSTRAINTS ALL DEFERRED", "defer deferrable foreign keys")
 	}
 }
 

@@ -343,11 +343,11 @@ func arrayLiteral(rows []canonical.Row, col int) string {
 }
 
 // copyQuery returns b's COPY (copySQL) to run once what is queued is sent;
-// when that is a unit's BEGIN alone (see stmtQueue.takeSimple), it goes
+// when that is a unit's BEGIN alone (see stmtQueue.takeOpening), it goes
 // before the COPY in the same query instead, which saves the server a
 // round trip's wait.
 func (s *applySession) copyQuery(b *binding) string {
-	if before := s.q.takeSimple(); before != "" {
+	if before := s.q.takeOpening(); before != "" {
 		return before + "; " + b.copySQL()
 	}
 	return b.copySQL()

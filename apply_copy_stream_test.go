@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
 )
 
@@ -115,7 +116,7 @@ func TestConsumeCanonicalCancelledWhileTheStreamStallsInACopy(t *testing.T) {
 	waitFor(t, "the COPY waits for rows", func() bool {
 		var waits bool
 		require.NoError(t, target.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE datname = current_database() AND state = 'active' AND wait_event = 'ClientRead' AND query LIKE 'COPY%')`).Scan(&waits))
+			WHERE datname = current_database() AND state = 'active' AND wait_event = 'ClientRead' AND query LIKE '%COPY %')`).Scan(&waits))
 		return waits
 	})
 	cancel()
@@ -187,19 +188,35 @@ func TestConsumeCanonicalUnitOpenedByACopyIsAtomic(t *testing.T) {
 				tableOf(t, schema, itemsName), tableOf(t, schema, eventsName), tableOf(t, schema, lastName))
 			stream, pauseAt, kept := tc.stream(s)
 			body := io.Reader(bytes.NewReader(stream))
+			split := make(chan bool, 1)
 			if pauseAt != "" { // at the line of the begin before it
 				at := bytes.Index(stream, []byte(pauseAt))
 				at = bytes.LastIndexByte(stream[:at], '\n')
 				at = bytes.LastIndexByte(stream[:at], '\n') + 1
-				body = &pausingReader{r: body, at: at, pause: func() {}}
+				body = &pausingReader{r: body, at: at, pause: func() { split <- reaches(c, kept, 10*time.Second) }}
+			} else {
+				split <- true
 			}
 
 			var pgErr *pgconn.PgError
 			require.ErrorAs(t, c.ConsumeCanonical(context.Background(), body), &pgErr)
+			require.True(t, <-split, "the unit before did not commit where the stream paused: the case tests nothing")
 			assert.Equal(t, "no_999", pgErr.ConstraintName)
 			assert.Equal(t, kept, appliedPosition(t, c))
 			assert.Equal(t, [][]*string{{ptr(tc.items), ptr("0")}},
 				rawRows(t, target, "SELECT (SELECT count(*) FROM items)::text, (SELECT count(*) FROM events)::text"))
 		})
+	}
+}
+
+// reaches waits, for at most patience, until c's applied Position is pos,
+// and says whether it got there; it may run outside the test's goroutine.
+func reaches(c *siphon.Conn, pos canonical.Position, patience time.Duration) bool {
+	for deadline := time.Now().Add(patience); ; time.Sleep(10 * time.Millisecond) {
+		if got, err := c.AppliedPosition(context.Background()); err == nil && got == pos {
+			return true
+		} else if time.Now().After(deadline) {
+			return false
+		}
 	}
 }

@@ -24,9 +24,9 @@ type stmtQueue struct {
 	owners []stmtOwner
 	size   int
 	params paramList
-	// simple holds the text of the statements queued by addSQL, while
-	// only those are queued (see takeSimple).
-	simple []string
+	// opening holds the text of the statements that open a target
+	// transaction (addOpening), queued before any other (see takeOpening).
+	opening []string
 }
 
 // stmtOwner says what a queued statement does, for errors.
@@ -87,18 +87,26 @@ func (q *stmtQueue) add(st *statement, owner stmtOwner) {
 func (q *stmtQueue) addSQL(sql string, label string) {
 	q.params.reset()
 	q.add(&statement{sql: sql}, stmtOwner{label: label})
-	q.simple = append(q.simple, sql)
 }
 
-// takeSimple returns the queued statements as the text of one simple
+// addOpening queues a statement without parameters that opens a target
+// transaction (BEGIN, and what goes with it).
+func (q *stmtQueue) addOpening(sql string, label string) {
+	if len(q.opening) == len(q.owners) {
+		q.opening = append(q.opening, sql)
+	}
+	q.addSQL(sql, label)
+}
+
+// takeOpening returns the queued statements as the text of one simple
 // query, to run before another in the same round trip, and empties the
-// queue; but only when every one was queued by addSQL (a unit's BEGIN
-// and what goes with it): else it returns "" and leaves the queue.
-func (q *stmtQueue) takeSimple() string {
-	if len(q.owners) == 0 || len(q.simple) != len(q.owners) {
+// queue; but only when they are a transaction's opening alone (see
+// addOpening): else it returns "" and leaves the queue.
+func (q *stmtQueue) takeOpening() string {
+	if len(q.owners) == 0 || len(q.opening) != len(q.owners) {
 		return ""
 	}
-	text := strings.Join(q.simple, "; ")
+	text := strings.Join(q.opening, "; ")
 	q.discard()
 	return text
 }
@@ -111,7 +119,7 @@ func (q *stmtQueue) flush(ctx context.Context, pg *pgconn.PgConn) error {
 		return nil
 	}
 	batch, owners := q.batch, q.owners
-	defer func() { q.batch, q.owners, q.size, q.simple = nil, owners[:0], 0, q.simple[:0] }()
+	defer func() { q.batch, q.owners, q.size, q.opening = nil, owners[:0], 0, q.opening[:0] }()
 	mrr := pg.ExecBatch(ctx, batch)
 	var failed error
 	i := 0
@@ -137,12 +145,12 @@ func (q *stmtQueue) flush(ctx context.Context, pg *pgconn.PgConn) error {
 // and leaves q empty.
 func (q *stmtQueue) take() *stmtQueue {
 	t := &stmtQueue{batch: q.batch, owners: q.owners, size: q.size}
-	q.batch, q.owners, q.size, q.simple = nil, nil, 0, q.simple[:0]
+	q.batch, q.owners, q.size, q.opening = nil, nil, 0, q.opening[:0]
 	return t
 }
 
 // discard drops what is queued.
 func (q *stmtQueue) discard() {
-	q.batch, q.owners, q.size, q.simple = nil, q.owners[:0], 0, q.simple[:0]
+	q.batch, q.owners, q.size, q.opening = nil, q.owners[:0], 0, q.opening[:0]
 	q.params.reset()
 }
