@@ -982,9 +982,9 @@ func TestConsumeCanonicalFailureInMergedStatement(t *testing.T) {
 }
 
 // TestConsumeCanonicalLargeTransaction cuts a stream inside a transaction
-// too large to be kept for a second attempt (over 16 MiB), after small
-// ones in the same target transaction: those are kept all the same, and
-// the whole stream then completes.
+// too large to be kept for a second attempt (a tenth more than the apply
+// keeps), after small ones in the same target transaction: those are kept
+// all the same, and the whole stream then completes.
 func TestConsumeCanonicalLargeTransaction(t *testing.T) {
 	t.Parallel()
 	_, target, c := applyTarget(t, ledgerDDL[0])
@@ -994,8 +994,9 @@ func TestConsumeCanonicalLargeTransaction(t *testing.T) {
 	}
 	third := s.ends[2]
 	big := strings.Repeat("0123456789abcdef", 100<<10/16)
+	rows := siphon.MaxTapeBytesForTest * 11 / 10 / len(big)
 	var changes []canonical.Change
-	for i := range 200 {
+	for i := range rows {
 		changes = append(changes, ins(itemsName, tv(fmt.Sprint(100+i)), tv("4"), tv(big)))
 	}
 	s.tx(changes...)
@@ -1009,7 +1010,7 @@ func TestConsumeCanonicalLargeTransaction(t *testing.T) {
 
 	require.NoError(t, consume(t, c, stream))
 	assert.Equal(t, last, appliedPosition(t, c))
-	assert.Equal(t, [][]*string{{ptr("204")}}, rawRows(t, target, "SELECT count(*) FROM items"))
+	assert.Equal(t, [][]*string{{ptr(fmt.Sprint(rows + 4))}}, rawRows(t, target, "SELECT count(*) FROM items"))
 }
 
 // TestConsumeCanonicalInsertRunsIntoExistingRows copies long runs of

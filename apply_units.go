@@ -49,7 +49,7 @@ type changeConsumer struct {
 // large for the tape (maxTapeBytes) ends its unit.
 const (
 	maxUnitChanges = 50000
-	maxTapeBytes   = 16 << 20
+	maxTapeBytes   = 32 << 20
 )
 
 // txEnd is the commit of a source transaction.
