@@ -12,9 +12,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/siphondb/siphon"
 	"github.com/siphondb/siphon/canonical"
 )
+
+// eventInserts returns n inserts into the keyless events, with tx column
+// tx and payloads {"e":0} to {"e":n-1}.
+func eventInserts(tx, n int) []canonical.Change {
+	var changes []canonical.Change
+	for e := range n {
+		changes = append(changes, ins(eventsName, tv(fmt.Sprint(tx)), tv(fmt.Sprintf(`{"e":%d}`, e)), null))
+	}
+	return changes
+}
 
 // notedItems returns inserts into items of the ids from first to last,
 // each with note "n<id>" but for the ids in notes, and tx column tx.
@@ -71,9 +80,7 @@ func TestConsumeCanonicalCopyStreamsEndAndResume(t *testing.T) {
 		changes := notedItems(id+1, id+1500, tx, nil)
 		id += 1500
 		if tx%3 == 0 {
-			for e := 0; e < 100; e++ {
-				changes = append(changes, ins(eventsName, tv(fmt.Sprint(tx)), tv(fmt.Sprintf(`{"e":%d}`, e)), null))
-			}
+			changes = append(changes, eventInserts(tx, 100)...)
 		}
 		if tx%2 == 0 {
 			changes = append(changes, upd(lastName, nil, tv("t"), tv(fmt.Sprint(tx))))
@@ -138,13 +145,6 @@ func TestConsumeCanonicalCancelledWhileTheStreamStallsInACopy(t *testing.T) {
 // stream) and a snapshot.
 func TestConsumeCanonicalUnitOpenedByACopyIsAtomic(t *testing.T) {
 	t.Parallel()
-	events := func(n int) []canonical.Change {
-		var changes []canonical.Change
-		for e := range n {
-			changes = append(changes, ins(eventsName, tv("1"), tv(fmt.Sprintf(`{"e":%d}`, e)), null))
-		}
-		return changes
-	}
 	refused := upd(lastName, nil, tv("t"), tv("999"))
 	for _, tc := range []struct {
 		name string
@@ -160,14 +160,14 @@ func TestConsumeCanonicalUnitOpenedByACopyIsAtomic(t *testing.T) {
 			return s.done(), `"n501"`, kept
 		}},
 		{name: "keyless", items: "0", stream: func(s *streamBuilder) ([]byte, string, canonical.Position) {
-			s.tx(append(events(500), refused)...)
+			s.tx(append(eventInserts(1, 500), refused)...)
 			return s.done(), "", 0
 		}},
 		{name: "snapshot", items: "0", snapped: true, stream: func(s *streamBuilder) ([]byte, string, canonical.Position) {
 			for _, ch := range notedItems(1, 500, 1, nil) {
 				s.row(itemsName, ch.New...)
 			}
-			for _, ch := range events(500) {
+			for _, ch := range eventInserts(1, 500) {
 				s.row(eventsName, ch.New...)
 			}
 			s.row(lastName, tv("t"), tv("999"))
@@ -193,7 +193,12 @@ func TestConsumeCanonicalUnitOpenedByACopyIsAtomic(t *testing.T) {
 				at := bytes.Index(stream, []byte(pauseAt))
 				at = bytes.LastIndexByte(stream[:at], '\n')
 				at = bytes.LastIndexByte(stream[:at], '\n') + 1
-				body = &pausingReader{r: body, at: at, pause: func() { split <- reaches(c, kept, 10*time.Second) }}
+				body = &pausingReader{r: body, at: at, pause: func() {
+					split <- waitUntil(func() bool {
+						got, err := c.AppliedPosition(context.Background())
+						return err == nil && got == kept
+					})
+				}}
 			} else {
 				split <- true
 			}
@@ -211,17 +216,5 @@ func TestConsumeCanonicalUnitOpenedByACopyIsAtomic(t *testing.T) {
 			assert.Equal(t, [][]*string{{ptr(tc.items), ptr("0")}},
 				rawRows(t, target, "SELECT (SELECT count(*) FROM items)::text, (SELECT count(*) FROM events)::text"))
 		})
-	}
-}
-
-// reaches waits, for at most patience, until c's applied Position is pos,
-// and says whether it got there; it may run outside the test's goroutine.
-func reaches(c *siphon.Conn, pos canonical.Position, patience time.Duration) bool {
-	for deadline := time.Now().Add(patience); ; time.Sleep(10 * time.Millisecond) {
-		if got, err := c.AppliedPosition(context.Background()); err == nil && got == pos {
-			return true
-		} else if time.Now().After(deadline) {
-			return false
-		}
 	}
 }
