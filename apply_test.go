@@ -1013,6 +1013,40 @@ func TestConsumeCanonicalLargeTransaction(t *testing.T) {
 	assert.Equal(t, [][]*string{{ptr(fmt.Sprint(rows + 4))}}, rawRows(t, target, "SELECT count(*) FROM items"))
 }
 
+// TestConsumeCanonicalTransactionPastTheTapeEndsItsUnit applies, after a
+// small transaction, two that each hold six tenths of what the apply keeps
+// for a second attempt, then one the target refuses (a CHECK). The second
+// large one takes the kept records past their bound, so its target
+// transaction ends with it: the refused one, which the apply could not
+// replay it with, comes after that commit, and every transaction before
+// it stays applied.
+func TestConsumeCanonicalTransactionPastTheTapeEndsItsUnit(t *testing.T) {
+	t.Parallel()
+	_, target, c := applyTarget(t, ledgerDDL[0], `ALTER TABLE items ADD CONSTRAINT no_refusals CHECK (note <> 'refused')`)
+	s := newStream(t, canonical.KindIncremental, 0x6800000, "pasttape", tableOf(t, inspect(t, c), itemsName))
+	s.tx(ins(itemsName, tv("1"), tv("1"), tv("small")))
+	big := strings.Repeat("0123456789abcdef", 100<<10/16)
+	rows := siphon.MaxTapeBytesForTest * 6 / 10 / len(big)
+	id := 100
+	for tx := 2; tx <= 3; tx++ {
+		var changes []canonical.Change
+		for range rows {
+			changes = append(changes, ins(itemsName, tv(fmt.Sprint(id)), tv(fmt.Sprint(tx)), tv(big)))
+			id++
+		}
+		s.tx(changes...)
+	}
+	third := s.ends[2]
+	s.tx(ins(itemsName, tv("4"), tv("4"), tv("refused")))
+
+	err := consume(t, c, s.done())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no_refusals")
+	assert.Equal(t, third, appliedPosition(t, c))
+	assert.Equal(t, [][]*string{{ptr("1"), ptr("1")}, {ptr("2"), ptr(fmt.Sprint(rows))}, {ptr("3"), ptr(fmt.Sprint(rows))}},
+		rawRows(t, target, "SELECT tx, count(*) FROM items GROUP BY tx ORDER BY tx"))
+}
+
 // TestConsumeCanonicalInsertRunsIntoExistingRows copies long runs of
 // inserts into tables that hold rows already: keys that are new go in with
 // COPY, keys that exist are upserts, for integer and other keys alike.

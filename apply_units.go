@@ -44,9 +44,9 @@ type changeConsumer struct {
 }
 
 // Bounds of a unit: it is committed after the source transaction that
-// reaches maxUnitChanges row changes or puts more than maxTapeBytes/2 on
-// tape, or when the rest of the stream is not read yet. A transaction too
-// large for the tape (maxTapeBytes) ends its unit.
+// reaches maxUnitChanges row changes or takes the tape past maxTapeBytes
+// (the tape stops growing there, and the unit ends with that transaction),
+// or when the rest of the stream is not read yet.
 const (
 	maxUnitChanges = 50000
 	maxTapeBytes   = 32 << 20
@@ -121,7 +121,8 @@ func (cc *changeConsumer) change(ctx context.Context, rec canonical.Record) erro
 	ch := rec.Change
 	switch ch.Op {
 	case canonical.OpBegin:
-		return cc.begin(ctx, rec)
+		cc.begin(rec)
+		return nil
 	case canonical.OpCommit:
 		return cc.commit(ctx, ch)
 	case canonical.OpMessage:
@@ -158,26 +159,20 @@ func (cc *changeConsumer) change(ctx context.Context, rec canonical.Record) erro
 
 // begin starts a source transaction. Its Position is the commit's start:
 // below the applied Position (an end of commit), it was applied already.
-func (cc *changeConsumer) begin(ctx context.Context, rec canonical.Record) error {
+func (cc *changeConsumer) begin(rec canonical.Record) {
 	pos := rec.Change.Position
 	cc.tx.open, cc.tx.skipping, cc.tx.pos = true, pos < cc.applied(), pos
 	if cc.tx.skipping {
 		if !cc.unit.open {
 			cc.src.resetTape()
 		}
-		return nil
-	}
-	if cc.unit.open && cc.src.tapeBytes > maxTapeBytes/2 {
-		if err := cc.commitUnit(ctx); err != nil {
-			return err
-		}
+		return
 	}
 	if !cc.unit.open {
 		cc.src.resetTape(rec)
 		cc.s.begin()
 		cc.unit.open, cc.unit.began = true, time.Now()
 	}
-	return nil
 }
 
 func (cc *changeConsumer) commit(ctx context.Context, ch *canonical.Change) error {
