@@ -89,11 +89,11 @@ const (
 // changed once a statement (a row updated again starts the next). A
 // statement-level trigger that fires on apply (ENABLE ALWAYS, or any with
 // [WithTriggersOnApply]) fires once for each of these statements and
-// COPYs, not for each row. The records of
-// a group's complete source transactions are kept (up to 32 MiB; the
-// transaction that goes past that ends its group): when the group fails, it is rolled back and
-// they are applied again one transaction at a time, so the target keeps
-// all those before the failure. Values are bound as in [Conn.ApplyChange],
+// COPYs, not for each row. The records of a group's complete source
+// transactions are kept (up to 32 MiB; the transaction that goes past
+// that ends its group): when the group fails, it is rolled back and they
+// are applied again one transaction at a time, so the target keeps all
+// those before the failure. Values are bound as in [Conn.ApplyChange],
 // with the same checks. Logical decoding messages are not applied. A
 // schema change ([canonical.OpDDL]) is run at its place, and its target
 // transaction ends with its source transaction (see the package

@@ -1016,10 +1016,10 @@ func TestConsumeCanonicalLargeTransaction(t *testing.T) {
 // TestConsumeCanonicalTransactionPastTheTapeEndsItsUnit applies, after a
 // small transaction, two that each hold six tenths of what the apply keeps
 // for a second attempt, then one the target refuses (a CHECK). The second
-// large one takes the kept records past their bound, so its target
-// transaction ends with it: the refused one, which the apply could not
-// replay it with, comes after that commit, and every transaction before
-// it stays applied.
+// large one takes the kept records past their bound, so it is not kept,
+// and its target transaction must end with it: were the refused one in
+// the same target transaction, the second attempt could not apply it
+// again. Every transaction before the refused one stays applied.
 func TestConsumeCanonicalTransactionPastTheTapeEndsItsUnit(t *testing.T) {
 	t.Parallel()
 	_, target, c := applyTarget(t, ledgerDDL[0], `ALTER TABLE items ADD CONSTRAINT no_refusals CHECK (note <> 'refused')`)
